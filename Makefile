@@ -1,0 +1,63 @@
+# posttrain: the targets a newcomer needs. `make check` and `make test` work on a fresh machine.
+#
+#   make check        install, then run every paper check (toy defaults): `posttrain check`
+#   make test         install, then run the test suite (what CI runs)
+#   make test-slow    the slow tests only
+#   make props        the hypothesis property tests only
+#   make lint         ruff + mypy
+#   make bench        the ratio benchmarks in benchmarks/
+#   make paper-checks the full (non-smoke) paper checks, writing reports/
+#
+# torch: TORCH_SPEC is installed before the package so that pip does not pull a multi-GB CUDA
+# build. On a machine with a CPU wheel index, add it: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS ?= dev,llm
+PYTEST_WORKERS ?= 2
+
+.PHONY: install check test test-fast test-slow props lint bench paper-checks clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+	$(BIN)/pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(VENV)/.installed
+
+check: install
+	$(BIN)/posttrain check
+
+test: install
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow -p no:doctest || [ $$? -eq 5 ]
+
+test-fast: install
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+
+test-slow: install
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow
+
+props: install
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest tests/properties
+
+lint: install
+	$(BIN)/ruff check posttrain tests benchmarks
+	$(BIN)/ruff format --check posttrain tests benchmarks
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m benchmarks
+
+paper-checks: install
+	$(BIN)/posttrain check --out reports
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache reports

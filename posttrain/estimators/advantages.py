@@ -1,0 +1,255 @@
+"""Outcome-reward advantage estimators for groups of rollouts.
+
+Rewards come as ``[G, K]`` (G prompts, K samples each); per-token advantages are ``[B, T]`` with
+``B = G * K`` in row-major order (the K samples of prompt 0 first). Conventions follow verl's
+``core_algos`` (cross-checked against ``shared/golden``), see ``docs/anchors.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._registry import register_advantage
+from posttrain.estimators.aggregate import masked_whiten
+from posttrain.validate import (
+    check_finite,
+    check_float,
+    check_mask,
+    check_positive,
+    check_tensor,
+    value_checks_enabled,
+)
+
+__all__ = [
+    "group_rewards",
+    "group_normalized_advantages",
+    "rloo_advantages",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "broadcast_sequence_advantages",
+]
+
+
+def _check_grouped(name: str, rewards: Tensor, *, min_k: int = 1) -> Tensor:
+    check_float(name, rewards, ndim=2)
+    if rewards.shape[0] < 1 or rewards.shape[1] < min_k:
+        raise ShapeError(f"{name}: expected shape [G, K] with G >= 1 and K >= {min_k}, got {list(rewards.shape)}")
+    return check_finite(name, rewards)
+
+
+def group_rewards(
+    rewards: Float[Tensor, " B"], group_ids: Int[Tensor, " B"]
+) -> tuple[Float[Tensor, "G K"], Int[Tensor, " B"]]:
+    """Arrange flat rewards into ``[G, K]`` by group id, validating equal group sizes once.
+
+    Groups are ordered by first appearance of their id; within a group the original order is kept.
+
+    Args:
+        rewards: ``[B]`` float rewards.
+        group_ids: ``[B]`` integer group ids (any values; equal ids form a group).
+
+    Returns:
+        ``(grouped [G, K], order [B])`` where ``grouped.reshape(-1) == rewards[order]``; scatter a
+        per-sample result back with ``out = torch.empty_like(flat); out[order] = result.reshape(-1)``.
+
+    Raises:
+        ShapeError: wrong ranks or lengths, non-integer ids, or groups of unequal size.
+
+    Example:
+        >>> g, order = group_rewards(torch.tensor([1., 2., 3., 4.]), torch.tensor([7, 3, 7, 3]))
+        >>> g.tolist(), order.tolist()
+        ([[1.0, 3.0], [2.0, 4.0]], [0, 2, 1, 3])
+    """
+    check_float("rewards", rewards, ndim=1)
+    check_tensor("group_ids", group_ids, ndim=1)
+    if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
+        raise ShapeError(f"group_ids: expected an integer dtype, got {group_ids.dtype}")
+    if group_ids.shape != rewards.shape:
+        raise ShapeError(f"group_ids: expected shape {list(rewards.shape)} (the shape of rewards), got {list(group_ids.shape)}")
+    if rewards.numel() == 0:
+        raise ShapeError("rewards: expected at least one reward, got shape [0]")
+    uniq, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    if bool((counts != counts[0]).any()):
+        raise ShapeError(f"group_ids: groups must have equal sizes, got sizes {sorted(set(counts.tolist()))}")
+    b = rewards.shape[0]
+    first = torch.full((uniq.shape[0],), b, dtype=torch.long, device=rewards.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(b, device=rewards.device), reduce="amin")
+    rank_of_group = torch.empty_like(first)
+    rank_of_group[torch.argsort(first)] = torch.arange(first.shape[0], device=rewards.device)
+    key = rank_of_group[inverse] * b + torch.arange(b, device=rewards.device)
+    order = torch.argsort(key)
+    return rewards[order].reshape(uniq.shape[0], int(counts[0])), order
+
+
+@register_advantage("grpo", paper="Shao et al. 2024, DeepSeekMath, arXiv:2402.03300")
+def group_normalized_advantages(
+    rewards: Float[Tensor, "G K"], *, scale_by_std: bool = True, eps: float = 1e-6
+) -> Float[Tensor, "G K"]:
+    r"""Group-normalised advantages of GRPO (Dr.GRPO with ``scale_by_std=False``).
+
+    .. math:: A_{gk} = \frac{R_{gk} - \mu_g}{\sigma_g + \epsilon}\quad\text{or}\quad A_{gk} = R_{gk} - \mu_g
+
+    with :math:`\mu_g` the group mean and :math:`\sigma_g` the Bessel-corrected group std. A
+    constant group gives zeros. Convention: verl (``eps=1e-6`` added to the std); TRL uses
+    ``eps=1e-4``, OpenRLHF ``1e-9``. With ``K == 1`` the std is undefined: verl sets
+    :math:`\mu = 0, \sigma = 1`; here a singleton group gives advantage 0 under either setting
+    (no baseline information), which differs from verl.
+
+    Args:
+        rewards: ``[G, K]`` rewards, K samples for each of G prompts.
+        scale_by_std: divide by :math:`\sigma_g + \epsilon` (GRPO) or not (Dr.GRPO).
+        eps: positive constant added to the std.
+
+    Returns:
+        ``[G, K]`` advantages; each row sums to zero.
+
+    Raises:
+        ShapeError: ``rewards`` not a 2-d float tensor.
+        DomainError: non-finite rewards, ``eps <= 0``.
+
+    References:
+        Shao et al. 2024 (GRPO, arXiv:2402.03300); Liu et al. 2025 (Dr.GRPO, arXiv:2503.20783).
+
+    Example:
+        >>> group_normalized_advantages(torch.tensor([[1., 0., 0., 0.]])).tolist()  # doctest: +ELLIPSIS
+        [[1.49999..., -0.49999..., -0.49999..., -0.49999...]]
+        >>> group_normalized_advantages(torch.tensor([[1., 0., 0., 0.]]), scale_by_std=False).tolist()
+        [[0.75, -0.25, -0.25, -0.25]]
+    """
+    _check_grouped("rewards", rewards)
+    eps = check_positive("eps", eps)
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    if not scale_by_std:
+        return centred
+    if rewards.shape[-1] == 1:
+        return centred
+    std = rewards.std(dim=-1, keepdim=True, correction=1)
+    return centred / (std + eps)
+
+
+@register_advantage("drgrpo", paper="Liu et al. 2025, Understanding R1-Zero-like training, arXiv:2503.20783")
+def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
+    r"""Dr.GRPO advantages :math:`A_{gk} = R_{gk} - \mu_g` (no std scaling).
+
+    Equal to ``group_normalized_advantages(rewards, scale_by_std=False)``.
+    """
+    return group_normalized_advantages(rewards, scale_by_std=False)
+
+
+@register_advantage("rloo", paper="Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740")
+def rloo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
+    r"""REINFORCE leave-one-out advantages.
+
+    .. math:: A_{gk} = R_{gk} - \frac{1}{K-1}\sum_{j\neq k} R_{gj} = \frac{K}{K-1}(R_{gk} - \mu_g)
+
+    Args:
+        rewards: ``[G, K]`` with ``K >= 2``.
+
+    Returns:
+        ``[G, K]`` advantages; each row sums to zero.
+
+    Raises:
+        ShapeError: not 2-d float, or ``K < 2``.
+        DomainError: non-finite rewards.
+
+    References:
+        Kool et al. 2019; Ahmadian et al. 2024 (arXiv:2402.14740).
+
+    Example:
+        >>> [round(x, 4) for x in rloo_advantages(torch.tensor([[1., 0., 0., 0.]]))[0].tolist()]
+        [1.0, -0.3333, -0.3333, -0.3333]
+    """
+    _check_grouped("rewards", rewards, min_k=2)
+    k = rewards.shape[-1]
+    return (rewards - rewards.mean(dim=-1, keepdim=True)) * (k / (k - 1))
+
+
+def broadcast_sequence_advantages(
+    advantages: Float[Tensor, "G K"] | Float[Tensor, " B"], mask: Bool[Tensor, "B T"]
+) -> Float[Tensor, "B T"]:
+    """Spread per-sequence advantages (``[G, K]`` or ``[B]``) over the response tokens, times the mask."""
+    check_float("advantages", advantages, ndim=(1, 2))
+    flat = advantages.reshape(-1)
+    check_mask("mask", mask, (flat.shape[0], mask.shape[-1] if mask.ndim == 2 else 0))
+    return torch.where(mask, flat.unsqueeze(-1), torch.zeros((), dtype=flat.dtype, device=flat.device))
+
+
+@register_advantage("reinforce_pp", paper="Hu 2025, REINFORCE++, arXiv:2501.03262")
+def reinforce_pp_advantages(
+    token_rewards: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    gamma: float = 1.0,
+    eps: float = 1e-8,
+) -> Float[Tensor, "B T"]:
+    r"""REINFORCE++ advantages: discounted returns whitened over the batch's valid tokens.
+
+    .. math:: G_{it} = \sum_{t' \ge t} \gamma^{t'-t} m_{it'} r_{it'},\qquad
+              A = \frac{G - \mu}{\sqrt{\sigma^2 + \epsilon}} \cdot m
+
+    with :math:`\mu, \sigma^2` the mean and Bessel variance over all masked tokens of the batch
+    (verl's ``compute_reinforce_plus_plus_outcome_advantage``). Outcome rewards are usually placed
+    on the last valid token.
+
+    Args:
+        token_rewards: ``[B, T]`` per-token rewards.
+        mask: ``[B, T]`` boolean response mask.
+        gamma: discount in ``[0, 1]``.
+        eps: positive constant added to the variance.
+
+    Returns:
+        ``[B, T]`` advantages, zero on masked positions.
+
+    References:
+        Hu 2025, REINFORCE++ (arXiv:2501.03262).
+    """
+    check_float("token_rewards", token_rewards, ndim=2)
+    check_mask("mask", mask, token_rewards.shape)
+    check_finite("token_rewards", token_rewards)
+    if not 0.0 <= float(gamma) <= 1.0:
+        raise DomainError(f"gamma: expected a value in [0, 1], got {gamma!r}")
+    eps = check_positive("eps", eps)
+    r = torch.where(mask, token_rewards, torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
+    t = r.shape[-1]
+    if gamma == 1.0:
+        returns = r.flip(-1).cumsum(-1).flip(-1)
+    else:
+        # G_t = sum_{t'>=t} gamma^{t'-t} r_t' as one triangular matmul: W[t', t] = gamma^{t'-t} for t' >= t.
+        idx = torch.arange(t, device=r.device)
+        lag = (idx.unsqueeze(1) - idx.unsqueeze(0)).to(r.dtype)
+        w = torch.where(lag >= 0, torch.as_tensor(gamma, dtype=r.dtype) ** lag.clamp(min=0), torch.zeros((), dtype=r.dtype))
+        returns = r @ w
+    return masked_whiten(returns, mask, eps=eps)
+
+
+@register_advantage("reinforce_pp_baseline", paper="Hu 2025, REINFORCE++, arXiv:2501.03262")
+def reinforce_pp_baseline_advantages(
+    rewards: Float[Tensor, "G K"], mask: Bool[Tensor, "B T"], *, eps: float = 1e-8
+) -> Float[Tensor, "B T"]:
+    r"""REINFORCE++-baseline: group-mean-centred outcome, broadcast to tokens, whitened over the batch.
+
+    .. math:: s_{gk} = R_{gk} - \mu_g,\qquad A_{it} = \frac{s_i - \mu_s}{\sqrt{\sigma_s^2 + \epsilon}}\, m_{it}
+
+    where :math:`\mu_s, \sigma_s^2` are the mean and Bessel variance of the broadcast score over
+    all valid tokens of the batch (so long responses weigh more, as in verl).
+
+    Args:
+        rewards: ``[G, K]`` outcome rewards.
+        mask: ``[G*K, T]`` boolean response mask (row-major over groups).
+        eps: positive constant added to the variance.
+
+    Returns:
+        ``[B, T]`` advantages, zero on masked positions.
+    """
+    _check_grouped("rewards", rewards)
+    eps = check_positive("eps", eps)
+    scores = group_normalized_advantages(rewards, scale_by_std=False)
+    if mask.ndim != 2:
+        raise ShapeError(f"mask: expected rank 2, got shape {list(mask.shape)}")
+    check_mask("mask", mask, (rewards.numel(), mask.shape[-1]))
+    if value_checks_enabled() and not bool(mask.any()):
+        raise DomainError("mask: the mask selects no position; at least one token is required")
+    return masked_whiten(broadcast_sequence_advantages(scores, mask), mask, eps=eps)

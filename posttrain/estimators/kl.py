@@ -1,0 +1,80 @@
+r"""Schulman's per-token KL estimators and a straight-through combinator.
+
+With :math:`d = \ell - \ell_{ref}` on tokens sampled from the current policy :math:`\pi`:
+
+- k1 :math:`= d` (unbiased for :math:`\mathrm{KL}(\pi\|\pi_{ref})`, high variance, can be negative),
+- k2 :math:`= d^2/2` (biased, low variance, :math:`\ge 0`),
+- k3 :math:`= e^{-d} + d - 1` (unbiased, :math:`\ge 0`; verl ``low_var_kl``).
+
+Reference: J. Schulman, "Approximating KL divergence", 2020 (joschu.net/blog/kl-approx.html).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from posttrain.estimators._registry import register_kl
+from posttrain.validate import check_float, check_same_shape
+
+__all__ = ["k1_kl", "k2_kl", "k3_kl", "straight_through"]
+
+_SCHULMAN = "Schulman 2020, Approximating KL divergence"
+
+
+def _log_diff(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    check_float("logp", logp, ndim=(1, 2, 3))
+    check_float("logp_ref", logp_ref)
+    check_same_shape("logp", logp, logp_ref=logp_ref)
+    return logp - logp_ref
+
+
+@register_kl("k1", paper=_SCHULMAN)
+def k1_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    r"""k1 estimator :math:`\ell - \ell_{ref}` of :math:`\mathrm{KL}(\pi\|\pi_{ref})` per token.
+
+    Example:
+        >>> float(k1_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]])))
+        0.5
+    """
+    return _log_diff(logp, logp_ref)
+
+
+@register_kl("k2", paper=_SCHULMAN)
+def k2_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    r"""k2 estimator :math:`\tfrac12(\ell - \ell_{ref})^2` per token (non-negative, biased).
+
+    Example:
+        >>> float(k2_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]])))
+        0.125
+    """
+    return 0.5 * _log_diff(logp, logp_ref) ** 2
+
+
+@register_kl("k3", paper=_SCHULMAN)
+def k3_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+    r"""k3 estimator :math:`e^{\ell_{ref}-\ell} - (\ell_{ref} - \ell) - 1` per token (non-negative, unbiased).
+
+    Computed as ``expm1(-d) + d`` with :math:`d = \ell - \ell_{ref}` for accuracy near 0; unclamped
+    (verl clamps :math:`-d` to ``[-20, 20]`` and the value to ``[-10, 10]``).
+
+    Example:
+        >>> round(float(k3_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]))), 7)
+        0.1065307
+    """
+    d = _log_diff(logp, logp_ref)
+    return torch.expm1(-d) + d
+
+
+def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
+    r"""A tensor whose value is ``value`` and whose gradient is that of ``gradient``.
+
+    .. math:: \mathrm{out} = \mathrm{sg}(v - g) + g
+
+    e.g. verl's ``k3+``: ``straight_through(k3_kl(lp, ref), k2_kl(lp, ref))`` has k3's value and
+    k2's (unbiased-gradient) gradient.
+    """
+    check_float("value", value)
+    check_same_shape("value", value, gradient=gradient)
+    return (value - gradient).detach() + gradient

@@ -1,0 +1,29 @@
+"""Importance ratios between the current policy and a behaviour policy, from log-probs."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.estimators.aggregate import masked_mean
+
+__all__ = ["LOG_RATIO_CLAMP", "log_ratio", "sequence_log_ratio"]
+
+LOG_RATIO_CLAMP = 20.0
+"""verl and OpenRLHF clamp :math:`\\ell - \\ell_{old}` to ``[-20, 20]`` before ``exp``."""
+
+
+def log_ratio(
+    logp: Float[Tensor, "B T"], logp_old: Float[Tensor, "B T"], *, clamp: float | None = LOG_RATIO_CLAMP
+) -> Float[Tensor, "B T"]:
+    r""":math:`\log r = \mathrm{clamp}(\ell - \ell_{old}, -c, c)`; ``clamp=None`` leaves it unclamped (TRL)."""
+    d = logp - logp_old
+    return d if clamp is None else d.clamp(-clamp, clamp)
+
+
+def sequence_log_ratio(
+    logp: Float[Tensor, "B T"], logp_old: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]
+) -> Float[Tensor, " B"]:
+    r"""Length-normalised sequence log-ratio :math:`\frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it})` (GSPO)."""
+    return masked_mean(logp - logp_old, mask, dim=-1)

@@ -1,0 +1,1 @@
+"""Toy environments that know their exact answers (bandits, tabular autoregressive policies, ...)."""
