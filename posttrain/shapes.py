@@ -26,15 +26,15 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 __all__ = [
+    "DIMENSIONS",
     "Bool",
     "Float",
+    "GroupFloat",
     "Int",
+    "SeqFloat",
     "Tensor",
     "TokenFloat",
     "TokenMask",
-    "SeqFloat",
-    "GroupFloat",
-    "DIMENSIONS",
 ]
 
 DIMENSIONS: dict[str, str] = {

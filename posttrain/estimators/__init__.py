@@ -74,3 +74,217 @@ __all__ = [
     "straight_through",
     "token_entropy",
 ]
+
+# --- distillation and mixed-signal methods (issue 5: specs 01, 04, 07, 08, 13) ---
+from posttrain.estimators import delta_distill, distill, distill_rules, mopd, orarl, routing
+from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages
+from posttrain.estimators.distill import (
+    eos_teacher_mask,
+    full_reverse_kl,
+    opd_token_advantages,
+    topk_reverse_kl,
+    topk_reverse_kl_reward,
+)
+from posttrain.estimators.distill_rules import (
+    kdrl_advantages,
+    opd_then_rl_advantages,
+    rlsd_advantages,
+    trrd_loss,
+)
+from posttrain.estimators.orarl import naive_injection_advantages, orarl_advantages
+from posttrain.estimators.routing import self_routing_probabilities
+
+__all__ += [
+    "delta_distill",
+    "distill",
+    "distill_rules",
+    "eos_teacher_mask",
+    "exopd_advantages",
+    "full_reverse_kl",
+    "kdrl_advantages",
+    "mopd",
+    "naive_injection_advantages",
+    "opd2_advantages",
+    "opd_then_rl_advantages",
+    "opd_token_advantages",
+    "orarl",
+    "orarl_advantages",
+    "rlsd_advantages",
+    "routing",
+    "self_routing_probabilities",
+    "topk_reverse_kl",
+    "topk_reverse_kl_reward",
+    "trrd_loss",
+]
+
+# --- off-policy, replay, distribution matching, rollout allocation (issue 6: specs 02, 11, 14, 16) ---
+from posttrain.estimators import gflowrl, rail, replay, sis  # noqa: E402
+from posttrain.estimators.gflowrl import flow_gap, flowrl_loss, gflowrl_loss, mc_log_partition  # noqa: E402
+from posttrain.estimators.rail import (  # noqa: E402
+    controller_init,
+    controller_predict,
+    controller_update,
+    plan_interventions,
+    recoverability_gain,
+)
+from posttrain.estimators.replay import headroom, policy_drift, replay_add, replay_init, replay_select  # noqa: E402
+from posttrain.estimators.sis import (  # noqa: E402
+    no_correction_loss,
+    sis_accept,
+    sis_acceptance_prob,
+    sis_logp_old,
+    sis_loss,
+    truncated_is_loss,
+)
+
+__all__ += [
+    "controller_init",
+    "controller_predict",
+    "controller_update",
+    "flow_gap",
+    "flowrl_loss",
+    "gflowrl",
+    "gflowrl_loss",
+    "headroom",
+    "mc_log_partition",
+    "no_correction_loss",
+    "plan_interventions",
+    "policy_drift",
+    "rail",
+    "recoverability_gain",
+    "replay",
+    "replay_add",
+    "replay_init",
+    "replay_select",
+    "sis",
+    "sis_accept",
+    "sis_acceptance_prob",
+    "sis_logp_old",
+    "sis_loss",
+    "truncated_is_loss",
+]
+
+# --- Tsallis loss continuum: GARL / PAFT (paper 20) ---
+from posttrain.estimators.tsallis import (  # noqa: E402
+    TsallisWeights,
+    garl_advantages,
+    garl_loss,
+    garl_weights,
+    log_mean_weight,
+    paft_advantages,
+    paft_loss,
+    paft_weights,
+)
+
+__all__ += [
+    "TsallisWeights",
+    "garl_advantages",
+    "garl_loss",
+    "garl_weights",
+    "log_mean_weight",
+    "paft_advantages",
+    "paft_loss",
+    "paft_weights",
+]
+
+# evolution strategies (papers 05, 10)
+from posttrain.estimators.es import (  # noqa: E402
+    EsPopulation,
+    EsState,
+    EvolutionStrategy,
+    RewardShaping,
+    antithetic_gradient,
+    antithetic_population,
+    apply_es_step_,
+    centered_rank_rewards,
+    es_direction,
+    es_gradient,
+    es_step,
+    evolution_strategy,
+    perturb_,
+    perturbed_params,
+    population_forward,
+    population_noise,
+    relative_drift,
+    restore_,
+    seeded_noise,
+    shape_rewards,
+    tensor_seed,
+    threshold_update,
+    update_sparsity,
+    zscore_rewards,
+)
+
+__all__ += [
+    "EsPopulation",
+    "EsState",
+    "EvolutionStrategy",
+    "RewardShaping",
+    "antithetic_gradient",
+    "antithetic_population",
+    "apply_es_step_",
+    "centered_rank_rewards",
+    "es_direction",
+    "es_gradient",
+    "es_step",
+    "evolution_strategy",
+    "perturb_",
+    "perturbed_params",
+    "population_forward",
+    "population_noise",
+    "relative_drift",
+    "restore_",
+    "seeded_noise",
+    "shape_rewards",
+    "tensor_seed",
+    "threshold_update",
+    "update_sparsity",
+    "zscore_rewards",
+]
+
+# Paper 09: path-space estimators for diffusion / flow models; paper 06: the entropy lens.
+from posttrain.estimators.entropy_lens import EntropyLens, domain_means, entropy_lens  # noqa: E402
+from posttrain.estimators.path_space import (  # noqa: E402
+    VALUE_GRADIENTS,
+    Curvature,
+    KDEValueGradient,
+    awm_loss,
+    bounded_weight,
+    deterministic_value_gradient,
+    elbo_weight,
+    girsanov_log_weights,
+    girsanov_template_weights,
+    is_scale_bounded,
+    ito_policy_gradient,
+    kde_value_gradient,
+    nft_loss,
+    path_score,
+    scale_bounded_loss,
+    stochastic_value_gradient,
+    template_loss,
+    value_gradient_policy_gradient,
+)
+
+__all__ += [
+    "VALUE_GRADIENTS",
+    "Curvature",
+    "EntropyLens",
+    "KDEValueGradient",
+    "awm_loss",
+    "bounded_weight",
+    "deterministic_value_gradient",
+    "domain_means",
+    "elbo_weight",
+    "entropy_lens",
+    "girsanov_log_weights",
+    "girsanov_template_weights",
+    "is_scale_bounded",
+    "ito_policy_gradient",
+    "kde_value_gradient",
+    "nft_loss",
+    "path_score",
+    "scale_bounded_loss",
+    "stochastic_value_gradient",
+    "template_loss",
+    "value_gradient_policy_gradient",
+]

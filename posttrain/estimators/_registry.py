@@ -14,14 +14,14 @@ from posttrain.registry import Registry, registry
 
 __all__ = [
     "ADVANTAGES",
-    "POLICY_LOSSES",
     "KL_ESTIMATORS",
-    "register_advantage",
-    "register_policy_loss",
-    "register_kl",
+    "POLICY_LOSSES",
     "get_advantage",
-    "get_policy_loss",
     "get_kl",
+    "get_policy_loss",
+    "register_advantage",
+    "register_kl",
+    "register_policy_loss",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])

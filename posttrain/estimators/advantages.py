@@ -11,25 +11,26 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from posttrain.errors import DomainError, ShapeError
+from posttrain.errors import ShapeError
 from posttrain.estimators._registry import register_advantage
 from posttrain.estimators.aggregate import masked_whiten
 from posttrain.validate import (
     check_finite,
     check_float,
+    check_in_range,
     check_mask,
+    check_nonempty_mask,
     check_positive,
     check_tensor,
-    value_checks_enabled,
 )
 
 __all__ = [
-    "group_rewards",
+    "broadcast_sequence_advantages",
     "group_normalized_advantages",
-    "rloo_advantages",
+    "group_rewards",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
-    "broadcast_sequence_advantages",
+    "rloo_advantages",
 ]
 
 
@@ -68,7 +69,9 @@ def group_rewards(
     if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
         raise ShapeError(f"group_ids: expected an integer dtype, got {group_ids.dtype}")
     if group_ids.shape != rewards.shape:
-        raise ShapeError(f"group_ids: expected shape {list(rewards.shape)} (the shape of rewards), got {list(group_ids.shape)}")
+        raise ShapeError(
+            f"group_ids: expected shape {list(rewards.shape)} (the shape of rewards), got {list(group_ids.shape)}"
+        )
     if rewards.numel() == 0:
         raise ShapeError("rewards: expected at least one reward, got shape [0]")
     uniq, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
@@ -93,7 +96,7 @@ def group_normalized_advantages(
     .. math:: A_{gk} = \frac{R_{gk} - \mu_g}{\sigma_g + \epsilon}\quad\text{or}\quad A_{gk} = R_{gk} - \mu_g
 
     with :math:`\mu_g` the group mean and :math:`\sigma_g` the Bessel-corrected group std. A
-    constant group gives zeros. Convention: verl (``eps=1e-6`` added to the std); TRL uses
+    constant group gives exact zeros (detected, not left to rounding), with finite gradients. Convention: verl (``eps=1e-6`` added to the std); TRL uses
     ``eps=1e-4``, OpenRLHF ``1e-9``. With ``K == 1`` the std is undefined: verl sets
     :math:`\mu = 0, \sigma = 1`; here a singleton group gives advantage 0 under either setting
     (no baseline information), which differs from verl.
@@ -121,20 +124,41 @@ def group_normalized_advantages(
     """
     _check_grouped("rewards", rewards)
     eps = check_positive("eps", eps)
-    centred = rewards - rewards.mean(dim=-1, keepdim=True)
-    if not scale_by_std:
+    centred, constant = _centre(rewards)
+    k = rewards.shape[-1]
+    if not scale_by_std or k == 1:
         return centred
-    if rewards.shape[-1] == 1:
-        return centred
-    std = rewards.std(dim=-1, keepdim=True, correction=1)
+    var = (centred * centred).sum(dim=-1, keepdim=True) / (k - 1)
+    # sqrt has an infinite derivative at 0: take it on 1 for constant groups (whose centred
+    # rewards are exactly 0), so the gradient stays finite there.
+    std = torch.where(constant, torch.zeros_like(var), torch.sqrt(torch.where(constant, torch.ones_like(var), var)))
     return centred / (std + eps)
+
+
+def _centre(rewards: Tensor) -> tuple[Tensor, Tensor]:
+    """``(R - group mean, constant [G, 1])``; a constant group is centred to exact zeros.
+
+    (The float mean of equal numbers can differ from them in the last bit; dividing that residue
+    by a tiny std would give a non-zero advantage to a group that carries no signal.)
+    """
+    constant = (rewards == rewards[..., :1]).all(dim=-1, keepdim=True)
+    centred = rewards - rewards.mean(dim=-1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(centred), centred), constant
 
 
 @register_advantage("drgrpo", paper="Liu et al. 2025, Understanding R1-Zero-like training, arXiv:2503.20783")
 def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     r"""Dr.GRPO advantages :math:`A_{gk} = R_{gk} - \mu_g` (no std scaling).
 
-    Equal to ``group_normalized_advantages(rewards, scale_by_std=False)``.
+    Equal to ``group_normalized_advantages(rewards, scale_by_std=False)``; pair it with the constant
+    normaliser ``aggregate(..., "seq-mean-token-sum-norm")``.
+
+    References:
+        Liu et al. 2025, Understanding R1-Zero-like training (arXiv:2503.20783).
+
+    Example:
+        >>> drgrpo_advantages(torch.tensor([[1., 0., 0., 0.]])).tolist()
+        [[0.75, -0.25, -0.25, -0.25]]
     """
     return group_normalized_advantages(rewards, scale_by_std=False)
 
@@ -164,7 +188,7 @@ def rloo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     """
     _check_grouped("rewards", rewards, min_k=2)
     k = rewards.shape[-1]
-    return (rewards - rewards.mean(dim=-1, keepdim=True)) * (k / (k - 1))
+    return _centre(rewards)[0] * (k / (k - 1))
 
 
 def broadcast_sequence_advantages(
@@ -172,8 +196,13 @@ def broadcast_sequence_advantages(
 ) -> Float[Tensor, "B T"]:
     """Spread per-sequence advantages (``[G, K]`` or ``[B]``) over the response tokens, times the mask."""
     check_float("advantages", advantages, ndim=(1, 2))
+    check_tensor("mask", mask, ndim=2)
     flat = advantages.reshape(-1)
-    check_mask("mask", mask, (flat.shape[0], mask.shape[-1] if mask.ndim == 2 else 0))
+    if flat.shape[0] != mask.shape[0]:
+        raise ShapeError(
+            f"advantages: expected one value per row of mask ({mask.shape[0]}), got shape {list(advantages.shape)}"
+        )
+    check_mask("mask", mask, (flat.shape[0], mask.shape[-1]))
     return torch.where(mask, flat.unsqueeze(-1), torch.zeros((), dtype=flat.dtype, device=flat.device))
 
 
@@ -203,14 +232,29 @@ def reinforce_pp_advantages(
     Returns:
         ``[B, T]`` advantages, zero on masked positions.
 
+    Raises:
+        ShapeError: wrong rank, dtype or mismatched shapes. DomainError: empty mask, non-finite
+        rewards on valid tokens, ``gamma`` outside ``[0, 1]``, ``eps <= 0``.
+
+    Masked positions contribute nothing; unlike verl, a *hole* in the mask (a masked span between
+    valid tokens) does not reset the return (see ``docs/anchors.md``); for right-padded masks the
+    two agree.
+
     References:
         Hu 2025, REINFORCE++ (arXiv:2501.03262).
+
+    Example:
+        >>> r = torch.tensor([[0., 0., 1.], [0., 0., 0.]])
+        >>> m = torch.tensor([[True, True, True], [True, True, False]])
+        >>> # returns 1, 1, 1 and 0, 0: mean 0.6, Bessel variance 0.3, (1 - 0.6) / sqrt(0.3) = 0.730
+        >>> [round(x, 3) for x in reinforce_pp_advantages(r, m)[0].tolist()]
+        [0.73, 0.73, 0.73]
     """
     check_float("token_rewards", token_rewards, ndim=2)
     check_mask("mask", mask, token_rewards.shape)
-    check_finite("token_rewards", token_rewards)
-    if not 0.0 <= float(gamma) <= 1.0:
-        raise DomainError(f"gamma: expected a value in [0, 1], got {gamma!r}")
+    check_nonempty_mask("mask", mask)
+    check_finite("token_rewards", token_rewards, mask)
+    gamma = check_in_range("gamma", gamma, 0.0, 1.0)
     eps = check_positive("eps", eps)
     r = torch.where(mask, token_rewards, torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
     t = r.shape[-1]
@@ -220,7 +264,9 @@ def reinforce_pp_advantages(
         # G_t = sum_{t'>=t} gamma^{t'-t} r_t' as one triangular matmul: W[t', t] = gamma^{t'-t} for t' >= t.
         idx = torch.arange(t, device=r.device)
         lag = (idx.unsqueeze(1) - idx.unsqueeze(0)).to(r.dtype)
-        w = torch.where(lag >= 0, torch.as_tensor(gamma, dtype=r.dtype) ** lag.clamp(min=0), torch.zeros((), dtype=r.dtype))
+        w = torch.where(
+            lag >= 0, torch.as_tensor(gamma, dtype=r.dtype) ** lag.clamp(min=0), torch.zeros((), dtype=r.dtype)
+        )
         returns = r @ w
     return masked_whiten(returns, mask, eps=eps)
 
@@ -243,13 +289,26 @@ def reinforce_pp_baseline_advantages(
 
     Returns:
         ``[B, T]`` advantages, zero on masked positions.
+
+    Raises:
+        ShapeError: wrong ranks or dtypes, mask rows not ``G*K``. DomainError: empty mask,
+        non-finite rewards, ``eps <= 0``.
+
+    A singleton group (``K == 1``) gets score 0 here; verl uses the reward itself (``docs/anchors.md``).
+
+    References:
+        Hu 2025, REINFORCE++ (arXiv:2501.03262).
+
+    Example:
+        >>> # scores 0.5, -0.5, 0, 0 on 2 tokens each: mean 0, Bessel variance 1/7, 0.5 * sqrt(7) = 1.323
+        >>> m, r = torch.ones(4, 2, dtype=torch.bool), torch.tensor([[1., 0.], [1., 1.]])
+        >>> [round(x, 3) for x in reinforce_pp_baseline_advantages(r, m)[:, 0].tolist()]
+        [1.323, -1.323, 0.0, 0.0]
     """
     _check_grouped("rewards", rewards)
     eps = check_positive("eps", eps)
-    scores = group_normalized_advantages(rewards, scale_by_std=False)
-    if mask.ndim != 2:
-        raise ShapeError(f"mask: expected rank 2, got shape {list(mask.shape)}")
+    check_tensor("mask", mask, ndim=2)
     check_mask("mask", mask, (rewards.numel(), mask.shape[-1]))
-    if value_checks_enabled() and not bool(mask.any()):
-        raise DomainError("mask: the mask selects no position; at least one token is required")
+    check_nonempty_mask("mask", mask)
+    scores = _centre(rewards)[0]
     return masked_whiten(broadcast_sequence_advantages(scores, mask), mask, eps=eps)

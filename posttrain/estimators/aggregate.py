@@ -11,8 +11,15 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from posttrain.errors import DomainError
-from posttrain.validate import check_float, check_mask, check_nonempty_mask, check_positive
+from posttrain.errors import DomainError, ShapeError
+from posttrain.validate import (
+    check_float,
+    check_mask,
+    check_nonempty_mask,
+    check_positive,
+    check_tensor,
+    value_checks_enabled,
+)
 
 __all__ = ["AggregationMode", "aggregate", "masked_mean", "masked_sum", "masked_whiten"]
 
@@ -35,17 +42,61 @@ class AggregationMode(str, Enum):
             raise DomainError(f"mode: unknown aggregation mode {mode!r}; valid: {valid}") from None
 
 
+def _count(mask: Tensor, dim: int | None, dtype: torch.dtype) -> Tensor:
+    """Number of True entries (over ``dim``) as ``dtype``, by the fastest route on CPU.
+
+    ``mask.sum()`` first copies a boolean mask to int64; ``count_nonzero`` does not (over all
+    entries) but is slow along a dimension, where a float sum is used (exact below 2**24 per row).
+    """
+    return mask.count_nonzero().to(dtype) if dim is None else mask.to(dtype).sum(dim=dim)
+
+
+def _zero_off_mask(values: Tensor, mask: Tensor, *, inplace: bool = False) -> Tensor:
+    """``torch.where(mask, values, 0)``: masked entries exactly 0 whatever they held (NaN, inf).
+
+    On CPU ``where`` with a boolean condition is several times slower than a multiply, so the values
+    are multiplied by the mask (viewed as uint8, no copy) and ``where`` is used only when the
+    product is not finite, i.e. when a masked (or valid) entry is NaN or infinite. The gradient
+    is the mask either way. On other devices (where a host sync would cost more) ``where`` is used.
+    ``inplace=True`` multiplies ``values`` in place: only for a temporary the caller owns.
+    """
+    if values.device.type == "cpu":
+        product = values.mul_(mask.view(torch.uint8)) if inplace else values * mask.view(torch.uint8)
+        if bool(torch.isfinite(product.detach().sum())):
+            return product
+    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def _check_broadcast_mask(mask: Tensor, values: Tensor) -> None:
+    check_tensor("mask", mask)
+    if mask.dtype != torch.bool:
+        raise ShapeError(f"mask: expected dtype torch.bool (use mask.bool()), got {mask.dtype}")
+    try:
+        ok = torch.broadcast_shapes(mask.shape, values.shape) == values.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ShapeError(
+            f"mask: expected the shape of values {list(values.shape)} (or one broadcastable to it), "
+            f"got {list(mask.shape)}"
+        )
+
+
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """:math:`\\sum m \\cdot x` with masked entries replaced by zero (so NaN/inf there never leak)."""
-    zeros = torch.zeros((), dtype=values.dtype, device=values.device)
-    masked = torch.where(mask, values, zeros)
+    """:math:`\\sum m \\cdot x` with masked entries replaced by zero (so NaN/inf there never leak).
+
+    ``mask`` is boolean, of the shape of ``values`` or broadcastable to it.
+    """
+    check_float("values", values)
+    _check_broadcast_mask(mask, values)
+    masked = _zero_off_mask(values, mask)
     return masked.sum() if dim is None else masked.sum(dim=dim)
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """:math:`\\sum m x / \\max(\\sum m, 1)`; rows with no valid entry give 0."""
-    count = mask.sum() if dim is None else mask.sum(dim=dim)
-    return masked_sum(values, mask, dim) / count.clamp(min=1).to(values.dtype)
+    total = masked_sum(values, mask, dim)
+    return total / _count(mask.expand(values.shape), dim, values.dtype).clamp(min=1)
 
 
 def masked_whiten(
@@ -54,11 +105,30 @@ def masked_whiten(
     r"""Whiten over all masked entries: :math:`(x - \mu) / \sqrt{\sigma^2 + \epsilon}`, times the mask.
 
     :math:`\mu` and the Bessel-corrected :math:`\sigma^2` are taken over the valid entries (verl's
-    ``masked_whiten``; a single valid entry has variance 0). Masked positions are 0 in the output.
+    ``masked_whiten``; a single valid entry has variance 0, where verl raises). Masked positions are
+    0 in the output and never influence it.
+
+    Args:
+        values: ``[B, T]`` float values.
+        mask: ``[B, T]`` boolean, at least one True.
+        eps: positive constant added to the variance.
+
+    Raises:
+        ShapeError: non-float values, non-boolean or mismatched mask.
+        DomainError: empty mask, ``eps <= 0``.
+
+    Example:
+        >>> x = torch.tensor([[1., 2., 3., float("nan")]])
+        >>> masked_whiten(x, torch.tensor([[True, True, True, False]])).tolist()
+        [[-1.0, 0.0, 1.0, 0.0]]
     """
-    n = mask.sum().to(values.dtype)
+    check_float("values", values, ndim=2)
+    check_mask("mask", mask, values.shape)
+    check_nonempty_mask("mask", mask)
+    eps = check_positive("eps", eps)
+    n = _count(mask, None, values.dtype)
     mean = masked_sum(values, mask) / n.clamp(min=1)
-    centred = torch.where(mask, values - mean, torch.zeros((), dtype=values.dtype, device=values.device))
+    centred = _zero_off_mask(values - mean, mask)
     var = (centred**2).sum() / (n - 1).clamp(min=1)
     return centred * torch.rsqrt(var + eps)
 
@@ -106,19 +176,20 @@ def aggregate(
     """
     check_float("values", values, ndim=2)
     check_mask("mask", mask, values.shape)
-    check_nonempty_mask("mask", mask)
     m = AggregationMode.parse(mode)
+    h = values.shape[-1] if horizon is None else int(check_positive("horizon", horizon))
+    n_valid = mask.count_nonzero()
+    if value_checks_enabled() and int(n_valid) == 0:
+        raise DomainError("mask: the mask selects no position; at least one token is required")
     if m is AggregationMode.TOKEN_MEAN:
-        return masked_mean(values, mask)
+        return masked_sum(values, mask) / n_valid.clamp(min=1).to(values.dtype)
     if m is AggregationMode.TOKEN_SUM:
         return masked_sum(values, mask)
     row_sum = masked_sum(values, mask, dim=-1)
-    counts = mask.sum(dim=-1)
-    valid_rows = counts > 0
-    n_rows = valid_rows.sum().clamp(min=1).to(values.dtype)
+    counts = _count(mask, -1, values.dtype)
+    n_rows = counts.count_nonzero().clamp(min=1).to(values.dtype)
     if m is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
-        return (row_sum / counts.clamp(min=1).to(values.dtype)).sum() / n_rows
+        return (row_sum / counts.clamp(min=1)).sum() / n_rows
     if m is AggregationMode.SEQ_MEAN_TOKEN_SUM:
         return row_sum.sum() / n_rows
-    h = values.shape[-1] if horizon is None else int(check_positive("horizon", horizon))
     return row_sum.sum() / (n_rows * h)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-from posttrain.validate import check_float, check_positive
+from posttrain.errors import DomainError
+from posttrain.validate import check_float
 
 __all__ = ["token_entropy"]
 
@@ -18,13 +20,12 @@ def _entropy_chunk(logits: Tensor) -> Tensor:
     return -(p * torch.where(p > 0, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))).sum(-1)
 
 
-def token_entropy(
-    logits: Float[Tensor, "B T V"], *, chunk_size: int = 1024
-) -> Float[Tensor, "B T"]:
+def token_entropy(logits: Float[Tensor, "B T V"], *, chunk_size: int = 1024) -> Float[Tensor, "B T"]:
     r"""Entropy :math:`H_t = -\sum_v \pi_t(v)\log\pi_t(v)` of the softmax over the last axis.
 
     Uses ``log_softmax`` (stable for large logits) and processes ``chunk_size`` token positions
-    at a time, so the extra memory is ``chunk_size x V`` rather than ``B x T x V``. Logits of
+    at a time, so the extra memory is ``chunk_size x V`` rather than ``B x T x V`` (with autograd
+    too: each chunk is recomputed in backward). Logits of
     ``-inf`` (masked vocabulary entries) contribute 0. Autograd flows through every chunk.
 
     Args:
@@ -39,10 +40,15 @@ def token_entropy(
         1.3863
     """
     check_float("logits", logits, ndim=(2, 3))
-    size = int(check_positive("chunk_size", chunk_size))
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise DomainError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
     lead = logits.shape[:-1]
     flat = logits.reshape(-1, logits.shape[-1])
-    if flat.shape[0] <= size:
+    if flat.shape[0] <= chunk_size:
         return _entropy_chunk(flat).reshape(lead)
-    parts = [_entropy_chunk(c) for c in torch.split(flat, size, dim=0)]
+    if flat.requires_grad:
+        # Recompute each chunk's softmax in backward, so that autograd keeps no [B*T, V] buffers.
+        parts = [checkpoint(_entropy_chunk, c, use_reentrant=False) for c in torch.split(flat, chunk_size, dim=0)]
+    else:
+        parts = [_entropy_chunk(c) for c in torch.split(flat, chunk_size, dim=0)]
     return torch.cat(parts).reshape(lead)

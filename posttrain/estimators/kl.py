@@ -16,7 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from posttrain.estimators._registry import register_kl
-from posttrain.validate import check_float, check_same_shape
+from posttrain.validate import check_float, check_positive, check_same_shape
 
 __all__ = ["k1_kl", "k2_kl", "k3_kl", "straight_through"]
 
@@ -53,18 +53,35 @@ def k2_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[T
 
 
 @register_kl("k3", paper=_SCHULMAN)
-def k3_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
+def k3_kl(
+    logp: Float[Tensor, "B T"],
+    logp_ref: Float[Tensor, "B T"],
+    *,
+    log_ratio_clamp: float | None = None,
+    max_value: float | None = None,
+) -> Float[Tensor, "B T"]:
     r"""k3 estimator :math:`e^{\ell_{ref}-\ell} - (\ell_{ref} - \ell) - 1` per token (non-negative, unbiased).
 
-    Computed as ``expm1(-d) + d`` with :math:`d = \ell - \ell_{ref}` for accuracy near 0; unclamped
-    (verl clamps :math:`-d` to ``[-20, 20]`` and the value to ``[-10, 10]``).
+    Computed as ``expm1(-d) + d`` with :math:`d = \ell - \ell_{ref}` for accuracy near 0. Unclamped
+    by default (TRL); verl's ``low_var_kl`` is ``log_ratio_clamp=20, max_value=10`` (clamp
+    :math:`d` to ``[-20, 20]``, then the value to at most 10), OpenRLHF's is ``max_value=10``.
+    A clamp makes the estimator biased and zeroes its gradient where it is active.
+
+    Args:
+        logp, logp_ref: same-shape float log-probs (``[B, T]``) of the sampled tokens.
+        log_ratio_clamp: if set (positive), clamp :math:`d` to ``[-c, c]`` first.
+        max_value: if set (positive), clamp the value to at most this.
 
     Example:
         >>> round(float(k3_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]))), 7)
         0.1065307
     """
     d = _log_diff(logp, logp_ref)
-    return torch.expm1(-d) + d
+    if log_ratio_clamp is not None:
+        c = check_positive("log_ratio_clamp", log_ratio_clamp)
+        d = d.clamp(-c, c)
+    k3 = torch.expm1(-d) + d
+    return k3 if max_value is None else k3.clamp(max=check_positive("max_value", max_value))
 
 
 def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
@@ -74,7 +91,17 @@ def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
 
     e.g. verl's ``k3+``: ``straight_through(k3_kl(lp, ref), k2_kl(lp, ref))`` has k3's value and
     k2's (unbiased-gradient) gradient.
+
+    Args:
+        value, gradient: same-shape float tensors.
+
+    Example:
+        >>> lp = torch.tensor([-1.0], requires_grad=True); ref = torch.tensor([-1.5])
+        >>> out = straight_through(k3_kl(lp, ref), k2_kl(lp, ref))
+        >>> out.backward(); round(float(out.detach()), 7), float(lp.grad)  # k3's value, k2's gradient d = 0.5
+        (0.1065307, 0.5)
     """
     check_float("value", value)
+    check_float("gradient", gradient)
     check_same_shape("value", value, gradient=gradient)
     return (value - gradient).detach() + gradient

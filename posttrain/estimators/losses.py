@@ -6,7 +6,6 @@ Each loss returns ``(loss [B, T], diagnostics)``; reduce with
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -15,8 +14,8 @@ from torch import Tensor
 
 from posttrain.errors import DomainError
 from posttrain.estimators._registry import register_policy_loss
-from posttrain.estimators.aggregate import masked_mean
-from posttrain.estimators.ratios import log_ratio, sequence_log_ratio
+from posttrain.estimators.aggregate import _zero_off_mask, masked_mean
+from posttrain.estimators.ratios import LOG_RATIO_CLAMP, log_ratio, sequence_log_ratio
 from posttrain.validate import (
     broadcast_to_tokens,
     check_finite,
@@ -25,9 +24,14 @@ from posttrain.validate import (
     check_nonempty_mask,
     check_positive,
     check_same_shape,
+    value_checks_enabled,
 )
 
-__all__ = ["ClipDiagnostics", "clipped_ratio_loss", "gspo_loss", "ppo_clip_objective"]
+__all__ = ["GSPO_LOG_RATIO_MAX", "ClipDiagnostics", "clipped_ratio_loss", "gspo_loss", "ppo_clip_objective"]
+
+
+GSPO_LOG_RATIO_MAX = 10.0
+"""verl clamps GSPO's token-level log sequence ratio at 10 (ratio at most :math:`e^{10}`) before ``exp``."""
 
 
 class ClipDiagnostics(NamedTuple):
@@ -43,18 +47,23 @@ class ClipDiagnostics(NamedTuple):
     """Mean importance ratio."""
 
 
-def _check_policy_inputs(
-    logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor
-) -> Tensor:
-    check_float("logp", logp, ndim=2)
-    check_same_shape("logp", logp, logp_old=logp_old)
-    check_float("logp_old", logp_old)
-    check_mask("mask", mask, logp.shape)
+def _check_policy_inputs(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Validate the four policy-loss inputs; return the advantages broadcast to ``[B, T]``."""
+    _check_policy_shapes(logp, logp_old, advantages, mask)
     check_nonempty_mask("mask", mask)
     adv = broadcast_to_tokens("advantages", advantages, logp.shape)
     for name, t in (("logp", logp), ("logp_old", logp_old), ("advantages", adv)):
-        check_finite(name, torch.where(mask, t.detach(), torch.zeros((), dtype=t.dtype)))
+        check_finite(name, t, mask)
     return adv
+
+
+def _check_policy_shapes(logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor) -> None:
+    """Shape and dtype checks of the policy-loss inputs (always run; no pass over the data)."""
+    check_float("logp", logp, ndim=2)
+    check_float("logp_old", logp_old)
+    check_same_shape("logp", logp, logp_old=logp_old)
+    check_mask("mask", mask, logp.shape)
+    broadcast_to_tokens("advantages", advantages, logp.shape)
 
 
 def ppo_clip_objective(
@@ -69,17 +78,35 @@ def ppo_clip_objective(
     with the dual clip :math:`\min(\cdot, -cA)` for :math:`A < 0` when ``dual_clip=c``.
 
     Returns ``(loss, clipped, dual_clipped)`` where the last two are boolean masks of where each
-    bound is the active branch. No validation: callers validate.
+    bound is the active branch (its gradient with respect to ``ratio`` is then zero). ``ratio``
+    must be positive. No validation: callers validate.
     """
-    unclipped = -advantages * ratio
-    clipped_val = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped_val)
-    clipped = clipped_val > unclipped
-    if dual_clip is None:
-        return loss, clipped, torch.zeros_like(clipped)
-    bound = -advantages * dual_clip
-    dual = (advantages < 0) & (loss > bound)
-    return torch.where(dual, bound, loss), clipped & ~dual, dual
+    r_eff = _clipped_ratio(ratio, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    moved = r_eff != ratio
+    dual = moved & (advantages < 0) & (r_eff < ratio) if dual_clip is not None else torch.zeros_like(moved)
+    return -advantages * r_eff, moved & ~dual, dual
+
+
+def _clipped_ratio(
+    ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None
+) -> Tensor:
+    r"""The effective ratio :math:`\tilde r` with :math:`L = -A\tilde r` equal to the PPO-clip loss.
+
+    Since :math:`r > 0`: for :math:`A > 0`, :math:`\max(-Ar, -A\,\mathrm{clip}(r)) = -A\min(r, 1+\epsilon_h)`;
+    for :math:`A < 0` it is :math:`-A\max(r, 1-\epsilon_l)`, and the dual clip caps that at
+    :math:`c`. So one ``clamp`` with per-element bounds (computed at the advantages' shape, ``[B, 1]``
+    for sequence advantages) gives the loss, and its gradient is zero exactly where a bound is active.
+    With :math:`A = 0` no bound applies (the loss is 0 either way; nothing counts as clipped).
+    """
+    dtype, device = ratio.dtype, ratio.device
+    inf = torch.tensor(float("inf"), dtype=dtype, device=device)
+    neg = advantages < 0
+    lower = torch.where(neg, torch.tensor(1.0 - clip_low, dtype=dtype, device=device), torch.zeros((), dtype=dtype))
+    upper_neg = inf if dual_clip is None else torch.tensor(float(dual_clip), dtype=dtype, device=device)
+    upper = torch.where(
+        advantages > 0, torch.tensor(1.0 + clip_high, dtype=dtype, device=device), torch.where(neg, upper_neg, inf)
+    )
+    return torch.clamp(ratio, lower, upper)
 
 
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
@@ -124,7 +151,10 @@ def clipped_ratio_loss(
         L = \max\big(-A r,\; -A\,\mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
 
     and, with ``dual_clip = c > 1``, :math:`L \leftarrow \min(L, -cA)` where :math:`A < 0`.
-    Masked positions are 0. Defaults: symmetric clip 0.2 and no dual clip; verl's ``vanilla`` is
+    Masked positions are 0 and get zero gradient whatever the inputs hold there (NaN and inf
+    included); the gradient is zero exactly where a clip bound is active (and where :math:`A = 0`).
+    Computed as :math:`L = -A\,\mathrm{clamp}(r, l_A, u_A)` with per-sign bounds (see
+    ``_clipped_ratio``), equal to the max/min form. Defaults: symmetric clip 0.2 and no dual clip; verl's ``vanilla`` is
     ``dual_clip=3.0``; DAPO's clip-higher is ``clip_high=0.28``; TRL does not clamp the log-ratio
     (irrelevant unless :math:`|\ell-\ell_{old}| > 20`).
 
@@ -157,13 +187,39 @@ def clipped_ratio_loss(
         [-1.2, -0.5, 1.5, 0.8, 3.0]
     """
     _check_clip(clip_low, clip_high, dual_clip)
-    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
-    lr = log_ratio(logp, logp_old)
+    _check_policy_shapes(logp, logp_old, advantages, mask)
+    # One pass per step, no [B, T] copy of sequence advantages: bounds are computed at [B, 1].
+    n_valid = mask.count_nonzero()
+    if value_checks_enabled() and int(n_valid) == 0:
+        raise DomainError("mask: the mask selects no position; at least one token is required")
+    mask8 = mask.view(torch.uint8)
+    if advantages.ndim == 1:  # rows without a valid token get advantage 0 (NaN there never leaks)
+        adv = _zero_off_mask(advantages, mask8.amax(dim=-1).view(torch.bool)).unsqueeze(-1)
+    else:
+        adv = _zero_off_mask(advantages, mask)
+    check_finite("advantages", adv)
+    # Off the mask the log-ratio is 0 (ratio 1, never clipped), so NaN/inf there reach neither
+    # the value nor the gradient, and the diagnostics need no further masking.
+    # In-place steps act on temporaries made here (fewer [B, T] allocations; autograd-safe).
+    lr = _zero_off_mask(logp - logp_old, mask, inplace=True)
+    if value_checks_enabled() and not bool(torch.isfinite(lr.detach().sum())):
+        check_finite("logp", logp, mask)
+        check_finite("logp_old", logp_old, mask)
+    lr = lr.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(lr)
-    loss, clipped, dual = ppo_clip_objective(
-        ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
-    )
-    return _masked_with_diagnostics(loss, clipped, dual, lr, ratio, mask)
+    r_eff = _clipped_ratio(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+    loss = (r_eff * -adv).mul_(mask8)  # finite everywhere here, so a multiply masks exactly
+    with torch.no_grad():
+        n = n_valid.clamp(min=1).to(logp.dtype)
+        n_moved = (r_eff != ratio).count_nonzero()
+        n_dual = ((r_eff < ratio) & (adv < 0)).count_nonzero() if dual_clip is not None else torch.zeros_like(n_moved)
+        diag = ClipDiagnostics(
+            clip_frac=(n_moved - n_dual).to(logp.dtype) / n,
+            dual_clip_frac=n_dual.to(logp.dtype) / n,
+            approx_kl=-lr.sum() / n,
+            ratio_mean=(ratio.sum() - (mask.numel() - n_valid).to(logp.dtype)) / n,
+        )
+    return loss, diag
 
 
 @register_policy_loss("gspo", paper="Zheng et al. 2025, GSPO, arXiv:2507.18071")
@@ -182,7 +238,7 @@ def gspo_loss(
         \log s_i = \frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it}),\qquad
         s_{it} = \exp\big(\mathrm{sg}(\log s_i) + \ell_{it} - \mathrm{sg}(\ell_{it})\big)
 
-    clamped at :math:`\log s_{it} \le \log 10`, then the PPO-clip loss with ``clip_low``/``clip_high``
+    clamped at :math:`\log s_{it} \le 10` (verl's literal), then the PPO-clip loss with ``clip_low``/``clip_high``
     and no dual clip, per token. Its value is :math:`s_i` on every token of sequence :math:`i`
     and its gradient :math:`s_i \nabla \ell_{it}` (verl's per-token realisation). With advantages
     constant per sequence, aggregate with ``seq-mean-token-mean`` to get GSPO's objective.
@@ -194,14 +250,26 @@ def gspo_loss(
     Returns:
         ``(loss [B, T], ClipDiagnostics)``; ``dual_clip_frac`` is always 0.
 
+    Raises:
+        ShapeError: wrong ranks, dtypes or shapes. DomainError: bad clip values, empty mask,
+        non-finite inputs on valid positions.
+
     References:
         Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071).
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[2.0, 0.5]]))  # token ratios 2 and 1/2: geometric mean 1
+        >>> loss, _ = gspo_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool))
+        >>> loss.tolist()
+        [[-1.0, -1.0]]
     """
     _check_clip(clip_low, clip_high, None)
     adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp_v = torch.where(mask, logp, zero)  # off-mask NaN/inf reach neither value nor gradient
     seq_lr = sequence_log_ratio(logp, logp_old, mask).detach()
-    token_lr = seq_lr.unsqueeze(-1) + logp - logp.detach()
-    token_lr = token_lr.clamp(max=math.log(10.0))
+    token_lr = seq_lr.unsqueeze(-1) + logp_v - logp_v.detach()
+    token_lr = token_lr.clamp(max=GSPO_LOG_RATIO_MAX)
     ratio = torch.exp(token_lr)
     loss, clipped, dual = ppo_clip_objective(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
     return _masked_with_diagnostics(loss, clipped, dual, log_ratio(logp, logp_old), ratio, mask)

@@ -3,12 +3,11 @@ r"""Unbiased pass@k and mean@k from n samples with c correct (Chen et al. 2021).
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 
-__all__ = ["pass_at_k", "mean_at_k"]
+__all__ = ["mean_at_k", "pass_at_k"]
 
 ArrayLike = int | np.ndarray | Tensor | list[int]
 
@@ -33,7 +32,8 @@ def _check_counts(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> tuple[np.ndarray,
     if np.any(n_ < 1):
         raise DomainError(f"n: expected n >= 1, got min {int(n_.min())}")
     if np.any((c_ < 0) | (c_ > n_)):
-        raise DomainError("c: expected 0 <= c <= n for every entry")
+        i = int(np.argmax((c_ < 0) | (c_ > n_)))
+        raise DomainError(f"c: expected 0 <= c <= n for every entry, got c={int(c_.flat[i])} with n={int(n_.flat[i])}")
     if np.any((k_ < 1) | (k_ > n_)):
         raise DomainError(f"k: expected 1 <= k <= n for every entry, got k in [{int(k_.min())}, {int(k_.max())}]")
     return n_, c_, k_
@@ -88,8 +88,23 @@ def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
 
     .. math:: \mathrm{mean@}k = c / n
 
-    It does not depend on k (linearity of expectation) but k is validated (``1 <= k <= n``) so
-    that a table of pass@k and mean@k is computed from the same, checked counts.
+    It does not depend on k (linearity of expectation: each of the k drawn samples is correct with
+    probability c/n) but k is validated (``1 <= k <= n``) so that a table of pass@k and mean@k is
+    computed from the same, checked counts. It is the average over all size-k subsets of the
+    subset's fraction correct ("avg@k"), not a majority vote (maj@k) and not pass@k.
+
+    Args:
+        n: samples per problem (>= 1). c: correct samples (0 <= c <= n). k: 1 <= k <= n.
+
+    Returns:
+        float64 array of the broadcast shape.
+
+    Raises:
+        ShapeError: non-integer or non-broadcastable input. DomainError: counts out of range.
+
+    Example:
+        >>> float(mean_at_k(4, 1, 2)), mean_at_k([8, 8], [0, 6], 4).tolist()
+        (0.25, [0.0, 0.75])
     """
     n_, c_, _ = _check_counts(n, c, k)
-    return c_ / n_
+    return (c_ / n_).astype(np.float64)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.estimators.aggregate import masked_mean
+from posttrain.validate import check_float, check_mask, check_positive, check_same_shape
 
 __all__ = ["LOG_RATIO_CLAMP", "log_ratio", "sequence_log_ratio"]
 
@@ -17,13 +17,29 @@ LOG_RATIO_CLAMP = 20.0
 def log_ratio(
     logp: Float[Tensor, "B T"], logp_old: Float[Tensor, "B T"], *, clamp: float | None = LOG_RATIO_CLAMP
 ) -> Float[Tensor, "B T"]:
-    r""":math:`\log r = \mathrm{clamp}(\ell - \ell_{old}, -c, c)`; ``clamp=None`` leaves it unclamped (TRL)."""
+    r""":math:`\log r = \mathrm{clamp}(\ell - \ell_{old}, -c, c)`; ``clamp=None`` leaves it unclamped (TRL).
+
+    Example:
+        >>> import torch
+        >>> log_ratio(torch.tensor([[-30.0, -1.0]]), torch.tensor([[-1.0, -2.0]])).tolist()
+        [[-20.0, 1.0]]
+    """
+    check_float("logp", logp)
+    check_float("logp_old", logp_old)
+    check_same_shape("logp", logp, logp_old=logp_old)
     d = logp - logp_old
-    return d if clamp is None else d.clamp(-clamp, clamp)
+    return d if clamp is None else d.clamp(-check_positive("clamp", clamp), clamp)
 
 
 def sequence_log_ratio(
     logp: Float[Tensor, "B T"], logp_old: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]
 ) -> Float[Tensor, " B"]:
-    r"""Length-normalised sequence log-ratio :math:`\frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it})` (GSPO)."""
+    r"""Length-normalised sequence log-ratio (GSPO), 0 for a fully masked row.
+
+    .. math:: \log s_i = \frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it})
+    """
+    check_float("logp", logp, ndim=2)
+    check_float("logp_old", logp_old)
+    check_same_shape("logp", logp, logp_old=logp_old)
+    check_mask("mask", mask, logp.shape)
     return masked_mean(logp - logp_old, mask, dim=-1)

@@ -17,7 +17,25 @@ __all__ = ["CHECKS", "MODULES", "load_all", "register_check"]
 CHECKS: Registry[Any] = registry("paper_check")
 
 # One line per check module; a module registers its check on import.
-MODULES: list[str] = []
+MODULES: list[str] = [
+    "posttrain.paper_checks.p09_diffusion_path_space",
+    "posttrain.paper_checks.p06_demystifying",
+    "posttrain.paper_checks.p05_es_coverage",
+    "posttrain.paper_checks.p10_es_solution_coverage",
+    "posttrain.paper_checks.p19_select_improve",
+    "posttrain.paper_checks.p12_muon",
+    "posttrain.paper_checks.p17_sar",
+    "posttrain.paper_checks.p20_tsallis",
+    "posttrain.paper_checks.p02_hdr",
+    "posttrain.paper_checks.p11_rail",
+    "posttrain.paper_checks.p14_gflowrl",
+    "posttrain.paper_checks.p16_sis",
+    "posttrain.paper_checks.p01_opd_then_rl",
+    "posttrain.paper_checks.p04_self_routing",
+    "posttrain.paper_checks.p07_orarl",
+    "posttrain.paper_checks.p08_open_mopd",
+    "posttrain.paper_checks.p13_opd2",
+]
 
 
 def register_check(check: Any) -> Any:

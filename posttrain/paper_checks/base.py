@@ -74,6 +74,11 @@ class Comparison:
     margin_reason: str = ""
     asserted: bool = True
     paper_value: float | None = None
+    every_seed: bool = False
+    """Stricter rule for claims stated per seed ("in every seed"): also require every difference > margin."""
+    min_seeds: int | None = None
+    """Rule for claims stated as "in at least m of n seeds": pass when at least ``min_seeds`` differences
+    exceed the margin (replaces the CI rule when set)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class PaperCheck:
     id: str
     paper: str
     claim: str
-    config_type: type
+    config_type: Any
     run: Callable[[Any], Result]
 
     def config(self, *, smoke: bool = False, seeds: int | None = None) -> Any:
@@ -147,7 +152,11 @@ def compare(c: Comparison, *, level: float = 0.95) -> ComparisonStats:
     if d.size == 0 or not np.all(np.isfinite(d)):
         return ComparisonStats(math.nan, math.nan, math.nan, 1.0, int(d.size), False)
     lo, hi = paired_bootstrap_ci(d, level=level)
-    return ComparisonStats(float(d.mean()), lo, hi, sign_test(d, margin=c.margin), int(d.size), lo > c.margin)
+    if c.min_seeds is not None:
+        passed = int((d > c.margin).sum()) >= c.min_seeds
+    else:
+        passed = lo > c.margin and (not c.every_seed or bool(np.all(d > c.margin)))
+    return ComparisonStats(float(d.mean()), lo, hi, sign_test(d, margin=c.margin), int(d.size), passed)
 
 
 def verdict_of(result: Result) -> Verdict:

@@ -1,0 +1,66 @@
+"""``python -m benchmarks``: time the core estimators against references and print the ratios.
+
+Defaults are the issue's sizes: B=4096 sequences, T=1024 tokens, groups of K=8, float32 on CPU,
+one thread (the ratio is steadier on a shared machine; ``--threads 0`` keeps torch's default).
+``--small`` runs a tiny size (used by the smoke test). The exit status is 0 whether or not a
+target is met: this is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks import bench_advantages, bench_policy_loss
+from benchmarks._timing import Row
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--b", type=int, default=4096, help="sequences B (default 4096)")
+    p.add_argument("--t", type=int, default=1024, help="tokens T (default 1024)")
+    p.add_argument("--k", type=int, default=8, help="samples per group K (default 8)")
+    p.add_argument("--repeats", type=int, default=15, help="timed calls of each side (best is kept)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--small", action="store_true", help="tiny sizes, 2 repeats (smoke test)")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    b, t, k, repeats = (64, 16, 8, 2) if args.small else (args.b, args.t, args.k, args.repeats)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return bench_advantages.run(b=b, k=k, repeats=repeats) + bench_policy_loss.run(b=b, t=t, repeats=repeats)
+
+
+def table(rows: list[Row]) -> Table:
+    tab = Table(title=f"posttrain benchmarks (float32, CPU, {torch.get_num_threads()} thread(s))")
+    for col in ("estimator", "ours ms", "reference", "reference ms", "ratio", "target", "met"):
+        tab.add_column(col, justify="left" if col in ("estimator", "reference") else "right")
+    for r in rows:
+        kind = "x faster" if r.higher_is_better else "x the time"
+        target = "" if r.target is None else (">= " if r.higher_is_better else "<= ") + f"{r.target:g}"
+        met = "" if r.met is None else ("yes" if r.met else "NO")
+        tab.add_row(
+            r.name,
+            f"{r.ours_s * 1e3:.2f}",
+            r.reference,
+            f"{r.reference_s * 1e3:.2f}",
+            f"{r.ratio:.2f}{kind}",
+            target,
+            met,
+        )
+    return tab
+
+
+def main(argv: list[str] | None = None) -> int:
+    rows = run(parse(argv))
+    Console(width=150).print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

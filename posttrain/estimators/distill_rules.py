@@ -1,0 +1,394 @@
+r"""How RL and on-policy distillation are combined: every rule of Table 1 of Li et al. (2026).
+
+All rules return per-token advantages ``[B, T]`` from the group advantage :math:`\hat A`
+(``[G, K]`` or ``[B]``, e.g. :func:`~posttrain.estimators.group_normalized_advantages`) and the
+OPD signal :math:`d` (``[B, T]``, :func:`~posttrain.estimators.distill.opd_token_advantages`):
+
+========================  ============  ==========================================================
+rule                      paradigm      advantage :math:`A_t` (ratio :math:`r` unless noted)
+========================  ============  ==========================================================
+GRPO                      --            :math:`\hat A`
+OPD                       --            :math:`d_t`
+KDRL                      additive      :math:`\hat A + \beta d_t`
+KDRL-mask                 additive      :math:`\hat A + (1-c)\beta d_t`
+SRPO                      additive      :math:`c\hat A + (1-c) d_t`
+HDPO                      additive      :math:`\hat A + C(x)\beta d_t`
+TRRD                      modulate      :math:`\hat A`, ratio :math:`r^\alpha e^{-(1-\alpha)d_t}` (:func:`trrd_loss`)
+RLSD                      modulate      :math:`((1-\lambda)+\lambda\,\mathrm{clip}(e^{\mathrm{sgn}(\hat A)d_t}))\hat A`
+KDRL-annealing            scheduling    :math:`\hat A + \beta(\text{step}) d_t`
+OPD-then-RL               scheduling    :math:`d_t` if step :math:`\le S` else :math:`\hat A`
+========================  ============  ==========================================================
+
+:math:`c` is the correct-rollout flag, :math:`C(x)` the all-wrong-group flag
+(:func:`correctness_flags`). Schedules are pure functions of step counters and validation scores
+(registry kind ``"schedule"``); nothing here keeps state.
+
+Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
+RLSD's clip is to :math:`[1-\epsilon_R, 1+\epsilon_R]`.
+(† SRPO, HDPO, RLSD are self-distillation methods there; only the combination rule is kept.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._registry import register_advantage, register_policy_loss
+from posttrain.estimators.advantages import broadcast_sequence_advantages
+from posttrain.estimators.distill import zero_off_mask
+from posttrain.estimators.losses import (
+    ClipDiagnostics,
+    _check_clip,
+    _check_policy_inputs,
+    _masked_with_diagnostics,
+    ppo_clip_objective,
+)
+from posttrain.registry import Registry, registry
+from posttrain.validate import (
+    check_float,
+    check_in_range,
+    check_mask,
+    check_nonempty_mask,
+    check_positive,
+    check_same_shape,
+    check_tensor,
+)
+
+__all__ = [
+    "SCHEDULES",
+    "additive_distill_advantages",
+    "correctness_flags",
+    "hdpo_advantages",
+    "kdrl_advantages",
+    "kdrl_annealed_beta",
+    "kdrl_annealing_advantages",
+    "kdrl_mask_advantages",
+    "opd_phase",
+    "opd_then_rl_advantages",
+    "plateau_switch_step",
+    "rlsd_advantages",
+    "srpo_advantages",
+    "trrd_loss",
+]
+
+_PAPER = "Li et al. 2026, Sequential Beats Joint, arXiv:2609.04108"
+SCHEDULES: Registry[Any] = registry("schedule")
+
+
+def correctness_flags(
+    rewards: Float[Tensor, "G K"], *, correct_value: float = 1.0
+) -> tuple[Bool[Tensor, "G K"], Bool[Tensor, "G K"]]:
+    """``(c, C)``: rollout is correct (``R == correct_value``) and its group has no correct rollout.
+
+    Example:
+        >>> c, C = correctness_flags(torch.tensor([[1., 0.], [0., 0.]]))
+        >>> c.tolist(), C.tolist()
+        ([[True, False], [False, False]], [[False, False], [True, True]])
+    """
+    check_float("rewards", rewards, ndim=2)
+    c = rewards == correct_value
+    return c, (~c.any(dim=-1, keepdim=True)).expand_as(c)
+
+
+def _rule_inputs(seq_advantages: Tensor, opd: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Validate and return ``(A_hat [B, T] broadcast over mask, d [B, T] zero off mask)``."""
+    check_float("opd", opd, ndim=2)
+    check_tensor("mask", mask, ndim=2)
+    check_same_shape("mask", mask, opd=opd)
+    check_mask("mask", mask, opd.shape)
+    check_nonempty_mask("mask", mask)
+    check_float("seq_advantages", seq_advantages, ndim=(1, 2))
+    if seq_advantages.numel() != opd.shape[0]:
+        raise ShapeError(
+            f"seq_advantages: expected {opd.shape[0]} entries (one per row of opd), got {list(seq_advantages.shape)}"
+        )
+    return broadcast_sequence_advantages(seq_advantages, mask), zero_off_mask(opd, mask)
+
+
+def _row_flag(name: str, flag: Tensor, rows: int, dtype: torch.dtype) -> Tensor:
+    """A ``[B]`` bool (or ``[G, K]``) flag as a ``[B, 1]`` float column."""
+    if flag.dtype != torch.bool:
+        raise ShapeError(f"{name}: expected dtype torch.bool, got {flag.dtype}")
+    if flag.numel() != rows:
+        raise ShapeError(f"{name}: expected {rows} entries (one per row), got {list(flag.shape)}")
+    return flag.reshape(-1, 1).to(dtype)
+
+
+def additive_distill_advantages(
+    seq_advantages: Float[Tensor, " B"] | Float[Tensor, "G K"],
+    opd: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    beta: float,
+    rl_gate: Bool[Tensor, " B"] | None = None,
+    opd_gate: Bool[Tensor, " B"] | None = None,
+) -> Float[Tensor, "B T"]:
+    r"""The weighted-additive family :math:`A_t = u\,\hat A + \beta\,w\,d_t` (u, w row gates in {0, 1}).
+
+    KDRL: u = w = 1. KDRL-mask: w = 1 - c. SRPO: u = c, w = 1 - c, :math:`\beta = 1`. HDPO: w = C(x).
+
+    Args:
+        seq_advantages: ``[B]`` or ``[G, K]`` group advantages :math:`\hat A`.
+        opd: ``[B, T]`` OPD signal :math:`d`.
+        mask: ``[B, T]`` boolean response mask.
+        beta: OPD weight :math:`\beta \ge 0`.
+        rl_gate, opd_gate: ``[B]`` (or ``[G, K]``) boolean gates u and w; None means all ones.
+
+    Returns:
+        ``[B, T]`` advantages, 0 off the mask.
+
+    Example:
+        >>> m = torch.ones(2, 1, dtype=torch.bool)
+        >>> additive_distill_advantages(torch.tensor([1., -1.]), torch.tensor([[-2.], [-2.]]), m, beta=0.5).tolist()
+        [[0.0], [-2.0]]
+    """
+    a_hat, d = _rule_inputs(seq_advantages, opd, mask)
+    beta = check_positive("beta", beta, strict=False)
+    rows = d.shape[0]
+    u = 1.0 if rl_gate is None else _row_flag("rl_gate", rl_gate, rows, d.dtype)
+    w = 1.0 if opd_gate is None else _row_flag("opd_gate", opd_gate, rows, d.dtype)
+    return u * a_hat + (beta * w) * d
+
+
+@register_advantage("kdrl", paper=_PAPER)
+def kdrl_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, beta: float = 0.2) -> Tensor:
+    r"""KDRL: :math:`A_t = \hat A + \beta d_t` (weighted-additive; can flip the sign of :math:`\hat A`).
+
+    Example:
+        >>> kdrl_advantages(torch.tensor([0.5]), torch.tensor([[-5.0]]), torch.tensor([[True]])).tolist()
+        [[-0.5]]
+    """
+    return additive_distill_advantages(seq_advantages, opd, mask, beta=beta)
+
+
+@register_advantage("kdrl_mask", paper=_PAPER)
+def kdrl_mask_advantages(
+    seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: Tensor, *, beta: float = 0.2
+) -> Tensor:
+    r"""KDRL-mask: :math:`A_t = \hat A + (1-c)\beta d_t` (OPD only on incorrect rollouts).
+
+    Example:
+        >>> m = torch.ones(2, 1, dtype=torch.bool)
+        >>> c = torch.tensor([True, False])
+        >>> kdrl_mask_advantages(torch.tensor([1., -1.]), torch.full((2, 1), -1.), m, c).tolist()
+        [[1.0], [-1.2000000476837158]]
+    """
+    return additive_distill_advantages(seq_advantages, opd, mask, beta=beta, opd_gate=~correct)
+
+
+@register_advantage("srpo", paper=_PAPER)
+def srpo_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: Tensor) -> Tensor:
+    r"""SRPO rule: :math:`A_t = c\hat A + (1-c)d_t` (RL on correct rollouts, OPD on the rest).
+
+    Example:
+        >>> m = torch.ones(2, 1, dtype=torch.bool)
+        >>> srpo_advantages(torch.tensor([1., -1.]), torch.full((2, 1), -0.3), m, torch.tensor([True, False])).tolist()
+        [[1.0], [-0.30000001192092896]]
+    """
+    return additive_distill_advantages(seq_advantages, opd, mask, beta=1.0, rl_gate=correct, opd_gate=~correct)
+
+
+@register_advantage("hdpo", paper=_PAPER)
+def hdpo_advantages(
+    seq_advantages: Tensor, opd: Tensor, mask: Tensor, all_wrong: Tensor, *, beta: float = 0.2
+) -> Tensor:
+    r"""HDPO rule: :math:`A_t = \hat A + C(x)\beta d_t` (OPD only in all-wrong groups).
+
+    Example:
+        >>> m = torch.ones(2, 1, dtype=torch.bool)
+        >>> hdpo_advantages(torch.zeros(2), torch.full((2, 1), -1.), m, torch.tensor([True, False]), beta=0.5).tolist()
+        [[-0.5], [0.0]]
+    """
+    return additive_distill_advantages(seq_advantages, opd, mask, beta=beta, opd_gate=all_wrong)
+
+
+@register_advantage("rlsd", paper=_PAPER)
+def rlsd_advantages(
+    seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, lam: float = 1.0, eps_r: float = 0.2
+) -> Tensor:
+    r"""RLSD rule: teacher-modulated magnitude, never a sign change.
+
+    .. math:: A_t = \Big((1-\lambda) + \lambda\,\mathrm{clip}\big(e^{\operatorname{sign}(\hat A)\,d_t},
+              1-\epsilon_R, 1+\epsilon_R\big)\Big)\,\hat A
+
+    The multiplier lies in :math:`[1-\lambda\epsilon_R, 1+\lambda\epsilon_R] \subset (0, \infty)`.
+
+    Args:
+        lam: :math:`\lambda \in [0, 1]`. eps_r: :math:`\epsilon_R \in (0, 1)`.
+
+    Example:
+        >>> m = torch.ones(2, 1, dtype=torch.bool)
+        >>> rlsd_advantages(torch.tensor([1.0, -1.0]), torch.tensor([[1.0], [1.0]]), m).tolist()
+        [[1.2000000476837158], [-0.800000011920929]]
+    """
+    a_hat, d = _rule_inputs(seq_advantages, opd, mask)
+    lam = check_in_range("lam", lam, 0.0, 1.0)
+    eps_r = check_in_range("eps_r", eps_r, 0.0, 1.0, closed=False)
+    factor = torch.exp(torch.sign(a_hat) * d).clamp(1.0 - eps_r, 1.0 + eps_r)
+    return ((1.0 - lam) + lam * factor) * a_hat
+
+
+@SCHEDULES.register("kdrl_annealing_beta", paper=_PAPER)
+def kdrl_annealed_beta(step: int, total_steps: int, *, beta_start: float = 0.2, beta_end: float = 0.002) -> float:
+    r"""Linear KDRL-annealing weight: :math:`\beta(1)=\beta_{start}`, :math:`\beta(N)=\beta_{end}`, clamped outside.
+
+    .. math:: \beta(s) = (1-f)\,\beta_{start} + f\,\beta_{end},\qquad f = \frac{\mathrm{clip}(s,1,N)-1}{\max(N-1,1)}
+
+    Example:
+        >>> kdrl_annealed_beta(1, 3), kdrl_annealed_beta(3, 3)
+        (0.2, 0.002)
+    """
+    if int(total_steps) < 1:
+        raise DomainError(f"total_steps: expected an integer >= 1, got {total_steps!r}")
+    frac = (min(max(int(step), 1), int(total_steps)) - 1) / max(int(total_steps) - 1, 1)
+    return float(beta_start) * (1.0 - frac) + float(beta_end) * frac
+
+
+@register_advantage("kdrl_annealing", paper=_PAPER)
+def kdrl_annealing_advantages(
+    seq_advantages: Tensor,
+    opd: Tensor,
+    mask: Tensor,
+    *,
+    step: int,
+    total_steps: int,
+    beta_start: float = 0.2,
+    beta_end: float = 0.002,
+) -> Tensor:
+    r"""KDRL-annealing: :math:`A_t = \hat A + \beta(\text{step})\,d_t` with :func:`kdrl_annealed_beta`.
+
+    Example:
+        >>> m = torch.ones(1, 1, dtype=torch.bool)
+        >>> kdrl_annealing_advantages(torch.zeros(1), -torch.ones(1, 1), m, step=1, total_steps=10).tolist()
+        [[-0.20000000298023224]]
+    """
+    beta = kdrl_annealed_beta(step, total_steps, beta_start=beta_start, beta_end=beta_end)
+    return additive_distill_advantages(seq_advantages, opd, mask, beta=beta)
+
+
+@SCHEDULES.register("opd_then_rl_phase", paper=_PAPER)
+def opd_phase(step: int, switch_step: int) -> bool:
+    """True while OPD-then-RL is in its OPD phase (``step <= switch_step``; steps count from 1).
+
+    ``switch_step = 0`` is pure GRPO, ``switch_step >= N_total`` pure OPD. The trainer asks this
+    before the teacher forward, so no teacher pass runs after the switch.
+
+    Example:
+        >>> opd_phase(60, 60), opd_phase(61, 60)
+        (True, False)
+    """
+    if int(switch_step) < 0:
+        raise DomainError(f"switch_step: expected an integer >= 0, got {switch_step!r}")
+    return int(step) <= int(switch_step)
+
+
+@SCHEDULES.register("plateau_switch", paper=_PAPER)
+def plateau_switch_step(val_scores: Float[Tensor, " N"], *, window: int = 10, min_gain: float = 0.005) -> int | None:
+    r"""The switch rule driven by the validation score: the end of the fast-improvement phase.
+
+    ``val_scores[i]`` is the OPD validation score after step ``i`` (index 0 may be the initial
+    policy). With window gains :math:`\Delta_i = v_i - v_{i-w}`, the rule returns the first index
+    :math:`i` with :math:`\Delta_i <` ``min_gain`` *after* some earlier :math:`\Delta_{i'} \ge`
+    ``min_gain`` (a plateau that follows a rise, not the flat start of a curve), or None while the
+    curve is still rising (keep OPD). Switch after step ``i`` when index 0 is the initial policy. A pure function of the score history. *Reconstructed*: the
+    paper picks S by inspecting curves; spec 01 §10 suggests ``window=10, min_gain=0.5pp``.
+
+    Example:
+        >>> plateau_switch_step(torch.tensor([0.1, 0.1, 0.3, 0.5, 0.51, 0.512]), window=1, min_gain=0.05)
+        4
+    """
+    check_float("val_scores", val_scores, ndim=1)
+    w = int(window)
+    if w < 1:
+        raise DomainError(f"window: expected an integer >= 1, got {window!r}")
+    if val_scores.shape[0] <= w:
+        return None
+    gains = val_scores[w:] - val_scores[:-w]
+    rising = (gains >= float(min_gain)).cumsum(0) > 0
+    hit = torch.nonzero(
+        (gains < float(min_gain)) & torch.roll(rising, 1) & (torch.arange(gains.shape[0]) > 0)
+    ).flatten()
+    return None if hit.numel() == 0 else int(hit[0]) + w
+
+
+@register_advantage("opd_then_rl", paper=_PAPER)
+def opd_then_rl_advantages(
+    seq_advantages: Tensor, opd: Tensor | None, mask: Tensor, *, step: int, switch_step: int
+) -> Tensor:
+    r"""OPD-then-RL: :math:`A_t = d_t` for step :math:`\le S`, else :math:`\hat A` (one optimiser throughout).
+
+    ``opd`` may be None after the switch (no teacher forward is needed then); it is required in the
+    OPD phase.
+
+    Example:
+        >>> m = torch.ones(1, 1, dtype=torch.bool)
+        >>> opd_then_rl_advantages(torch.ones(1), -torch.ones(1, 1), m, step=1, switch_step=1).tolist()
+        [[-1.0]]
+        >>> opd_then_rl_advantages(torch.ones(1), None, m, step=2, switch_step=1).tolist()
+        [[1.0]]
+    """
+    if opd_phase(step, switch_step):
+        if opd is None:
+            raise DomainError(f"opd: required in the OPD phase (step {step} <= switch_step {switch_step}), got None")
+        return _rule_inputs(seq_advantages, opd, mask)[1]
+    check_float("seq_advantages", seq_advantages, ndim=(1, 2))
+    return broadcast_sequence_advantages(seq_advantages, mask)
+
+
+@register_policy_loss("trrd", paper=_PAPER)
+def trrd_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    logp_teacher: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    alpha: float = 0.5,
+    teacher_mask: Bool[Tensor, "B T"] | None = None,
+    teacher_grad: bool = True,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
+    r"""TRRD: PPO-clip loss with the ratio against the geometric mixture :math:`\pi_{old}^\alpha\pi_T^{1-\alpha}`.
+
+    .. math:: \log\rho_t = \alpha(\ell_t - \ell^{old}_t) + (1-\alpha)(\ell_t - \ell^T_t)
+              = (\ell_t - \ell^{old}_t) - (1-\alpha)\,d_t
+
+    with :math:`d_t = \ell^T_t - \ell^{old}_t` (0 outside ``teacher_mask``), i.e.
+    :math:`\rho = r^\alpha e^{-(1-\alpha)d_t}` in value. *Reconstructed reading* (spec 01 §10): the
+    gradient flows through :math:`\ell` in both terms; ``teacher_grad=False`` keeps only
+    :math:`\alpha\nabla\ell` (the teacher factor as a constant). ``alpha = 1`` is the GRPO ratio.
+    The advantage is the unmodified :math:`\hat A`, so the sign of :math:`A` never changes.
+
+    Args:
+        logp, logp_old, logp_teacher: ``[B, T]`` log-probs of the sampled tokens.
+        advantages: ``[B]`` or ``[B, T]``. mask, teacher_mask: ``[B, T]`` boolean.
+        alpha: :math:`\alpha \in [0, 1]`; the paper uses 0.5.
+
+    Returns:
+        ``(loss [B, T], ClipDiagnostics)``.
+
+    Example:
+        >>> lp = torch.zeros(1, 1)
+        >>> m = torch.ones(1, 1, dtype=torch.bool)
+        >>> loss, _ = trrd_loss(lp, lp, torch.log(torch.tensor([[0.5]])), torch.ones(1), m)
+        >>> round(float(loss), 4)  # rho = 2 ** 0.5 clipped to 1.2
+        -1.2
+    """
+    _check_clip(clip_low, clip_high, None)
+    alpha = check_in_range("alpha", alpha, 0.0, 1.0)
+    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    check_float("logp_teacher", logp_teacher)
+    check_same_shape("logp", logp, logp_teacher=logp_teacher)
+    tm = mask if teacher_mask is None else check_mask("teacher_mask", teacher_mask, mask.shape)
+    d = zero_off_mask((logp_teacher - logp_old).detach(), tm & mask)
+    lr = zero_off_mask(logp - logp_old, mask)  # NaN off the mask never reaches the ratio or a gradient
+    log_rho = lr - (1.0 - alpha) * d if teacher_grad else alpha * lr - (1.0 - alpha) * d
+    log_rho = log_rho.clamp(-20.0, 20.0)
+    rho = torch.exp(log_rho)
+    loss, clipped, dual = ppo_clip_objective(rho, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
+    return _masked_with_diagnostics(loss, clipped, dual, log_rho, rho, mask)

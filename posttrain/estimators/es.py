@@ -1,0 +1,553 @@
+r"""Evolution strategies (ES) with seed-indexed Gaussian noise: perturb, shape rewards, update.
+
+A population of ``P`` members is described by integer seeds and signs, never by stored noise:
+member ``i`` is :math:`\theta + \sigma s_i \varepsilon_{k_i}` with :math:`s_i \in \{+1, -1\}`
+(antithetic pairs share a seed and carry opposite signs) and the noise of every named parameter
+tensor is regenerated on demand from a ``torch.Generator`` seeded with
+:math:`k_i \oplus h(\text{name})`, ``h`` the 64-bit little-endian BLAKE2b digest of the name
+(Ba et al. 2026, arXiv:2608.27351, App. G.1). Mixing the name into the seed gives independent
+noise to same-shaped tensors; ``mix_names=False`` reproduces the correlated seeding of the
+original ES-at-Scale scripts (Qiu et al. 2025, arXiv:2509.24372) for comparison only.
+
+Noise is drawn in float32 (float64 for float64 parameters), scaled, then cast to the parameter
+dtype; update directions are accumulated tensor by tensor in that precision. Streams differ
+between devices (CPU and CUDA generators are different algorithms): pick one device per run.
+
+The step follows the papers: :math:`\theta^+ = \theta + \alpha \frac1P\sum_i w_i s_i\varepsilon_{k_i}`
+with :math:`w` the shaped rewards (z-score by default) and no explicit :math:`1/\sigma` (absorbed
+in :math:`\alpha`). :func:`evolution_strategy` bundles it as an optax-style
+``(init, ask, update)`` triple with an explicit :class:`EsState`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.registry import registry
+from posttrain.validate import check_finite, check_float, check_positive, check_tensor
+
+__all__ = [
+    "EsPopulation",
+    "EsState",
+    "EvolutionStrategy",
+    "Params",
+    "RewardShaping",
+    "antithetic_gradient",
+    "antithetic_population",
+    "apply_es_step_",
+    "centered_rank_rewards",
+    "es_direction",
+    "es_gradient",
+    "es_step",
+    "evolution_strategy",
+    "perturb_",
+    "perturbed_params",
+    "population_forward",
+    "population_noise",
+    "relative_drift",
+    "restore_",
+    "seeded_noise",
+    "shape_rewards",
+    "tensor_seed",
+    "threshold_update",
+    "update_sparsity",
+    "zscore_rewards",
+]
+
+Params = Mapping[str, Tensor]
+_MASK64 = (1 << 64) - 1
+
+
+class RewardShaping(str, Enum):
+    """How member rewards become update weights."""
+
+    ZSCORE = "zscore"  # (R - mean) / (population std + eps); Qiu et al. 2025, Ba et al. 2026
+    CENTERED_RANKS = "centered_ranks"  # ranks scaled to [-1/2, 1/2]; Salimans et al. 2017
+    NONE = "none"  # raw rewards (the score-function estimator up to 1/sigma)
+
+
+class EsPopulation(NamedTuple):
+    """Seeds ``[P]`` (int64) and signs ``[P]`` (+1/-1 floats) of the population's members."""
+
+    seeds: Int[Tensor, " P"]
+    signs: Float[Tensor, " P"]
+
+
+class EsState(NamedTuple):
+    """ES state: the number of completed steps and the run's key (seeds derive from both)."""
+
+    step: int
+    key: int
+
+
+def tensor_seed(seed: int, name: str, *, mix_names: bool = True) -> int:
+    r"""The generator seed of tensor ``name`` in member ``seed``: :math:`k \oplus h(\text{name})`.
+
+    ``h`` is BLAKE2b with an 8-byte digest read little-endian (the paper's artifact). With
+    ``mix_names=False`` every tensor uses ``seed`` itself (original ES-at-Scale scripts).
+
+    Example:
+        >>> tensor_seed(7, "w", mix_names=False)
+        7
+        >>> tensor_seed(7, "w") == tensor_seed(7, "w") != tensor_seed(7, "b")
+        True
+    """
+    if seed < 0:
+        raise DomainError(f"seed: expected a non-negative integer, got {seed}")
+    if not mix_names:
+        return int(seed) & _MASK64
+    digest = int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
+    return (int(seed) ^ digest) & _MASK64
+
+
+def _noise_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def seeded_noise(
+    seed: int,
+    name: str,
+    shape: torch.Size | tuple[int, ...],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    mix_names: bool = True,
+) -> Tensor:
+    r"""Standard normal noise for tensor ``name`` of member ``seed``: a pure function of its arguments.
+
+    Drawn with a fresh ``torch.Generator`` on ``device`` seeded by :func:`tensor_seed`, in float64
+    when ``dtype`` is float64 and float32 otherwise (the caller casts after scaling).
+
+    Args:
+        seed: the member's non-negative integer seed. name: the tensor's stable name.
+        shape: the tensor's shape. dtype: the parameter dtype. device: where to draw.
+        mix_names: mix the name into the seed (default; independent noise per tensor).
+
+    Returns:
+        a tensor of ``shape`` with i.i.d. :math:`\mathcal N(0, 1)` entries.
+
+    Example:
+        >>> bool((seeded_noise(3, "w", (2, 2)) == seeded_noise(3, "w", (2, 2))).all())
+        True
+    """
+    gen = torch.Generator(device=device if device is not None else "cpu")
+    gen.manual_seed(tensor_seed(seed, name, mix_names=mix_names))
+    return torch.randn(tuple(shape), generator=gen, dtype=_noise_dtype(dtype), device=device)
+
+
+def _check_population(population: EsPopulation) -> EsPopulation:
+    seeds = check_tensor("population.seeds", population.seeds, ndim=1)
+    signs = check_float("population.signs", population.signs, ndim=1)
+    if seeds.is_floating_point() or seeds.dtype == torch.bool:
+        raise ShapeError(f"population.seeds: expected an integer dtype, got {seeds.dtype}")
+    if seeds.shape != signs.shape or seeds.numel() == 0:
+        raise ShapeError(
+            f"population.signs: expected a non-empty shape equal to seeds' {list(seeds.shape)}, got {list(signs.shape)}"
+        )
+    return population
+
+
+def population_noise(
+    population: EsPopulation,
+    name: str,
+    shape: torch.Size | tuple[int, ...],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    mix_names: bool = True,
+) -> Tensor:
+    r"""Signed noise of every member for one tensor, ``[P, *shape]``: row ``i`` is :math:`s_i\varepsilon_{k_i}`.
+
+    One generator per seed is unavoidable (each member's stream is defined by its own seed); the
+    loop over members only draws noise, everything downstream is batched.
+    """
+    _check_population(population)
+    noise = torch.stack(
+        [
+            seeded_noise(int(s), name, shape, dtype=dtype, device=device, mix_names=mix_names)
+            for s in population.seeds.tolist()
+        ]
+    )
+    signs = population.signs.to(device=noise.device, dtype=noise.dtype)
+    return noise * signs.reshape((-1,) + (1,) * len(tuple(shape)))
+
+
+def antithetic_population(seeds: Int[Tensor, " N"]) -> EsPopulation:
+    """Mirrored pairs: each seed twice, signs ``(+1, -1)``, so ``P = 2N``.
+
+    Example:
+        >>> antithetic_population(torch.tensor([5, 9]))
+        EsPopulation(seeds=tensor([5, 5, 9, 9]), signs=tensor([ 1., -1.,  1., -1.]))
+    """
+    check_tensor("seeds", seeds, ndim=1)
+    signs = torch.tensor([1.0, -1.0]).repeat(seeds.shape[0])
+    return EsPopulation(seeds.repeat_interleave(2), signs)
+
+
+def _check_rewards(rewards: Tensor) -> Tensor:
+    check_float("rewards", rewards, ndim=1)
+    if rewards.numel() == 0:
+        raise ShapeError("rewards: expected at least one member, got shape [0]")
+    return check_finite("rewards", rewards)
+
+
+def zscore_rewards(rewards: Float[Tensor, " P"], *, eps: float = 1e-8) -> Float[Tensor, " P"]:
+    r"""Population z-scores :math:`z_i = (R_i - \bar R)/(\sqrt{P^{-1}\sum_j (R_j-\bar R)^2} + \epsilon)`.
+
+    Population std (ddof 0) and ``eps = 1e-8`` as in Qiu et al. 2025 (arXiv:2509.24372) and Ba et
+    al. 2026 (arXiv:2608.27351, Eq. 7); equal rewards give exactly zero.
+
+    Example:
+        >>> zscore_rewards(torch.tensor([0., 2.])).tolist()
+        [-1.0, 1.0]
+    """
+    _check_rewards(rewards)
+    eps = check_positive("eps", eps)
+    centred = rewards - rewards.mean()
+    return centred / (centred.square().mean().sqrt() + eps)
+
+
+def centered_rank_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
+    r"""Centred ranks (Salimans et al. 2017, arXiv:1703.03864): :math:`u_i = \mathrm{rank}_i/(P-1) - 1/2`.
+
+    Ranks start at 0; ties get their average rank, so the output depends on the rewards only
+    through their order and is invariant to any strictly increasing transform. ``P == 1`` gives 0.
+
+    Example:
+        >>> centered_rank_rewards(torch.tensor([10., -3., 4.])).tolist()
+        [0.5, -0.5, 0.0]
+    """
+    _check_rewards(rewards)
+    p = rewards.shape[0]
+    if p == 1:
+        return torch.zeros_like(rewards)
+    less = (rewards[None, :] < rewards[:, None]).sum(dim=1)
+    equal = (rewards[None, :] == rewards[:, None]).sum(dim=1)
+    ranks = less.to(rewards.dtype) + (equal.to(rewards.dtype) - 1.0) / 2.0  # [P] average ranks
+    return ranks / (p - 1) - 0.5
+
+
+REWARD_SHAPINGS = registry("es_reward_shaping")
+REWARD_SHAPINGS.add("zscore", zscore_rewards, paper="Qiu et al. 2025, ES at Scale, arXiv:2509.24372")
+REWARD_SHAPINGS.add("centered_ranks", centered_rank_rewards, paper="Salimans et al. 2017, arXiv:1703.03864")
+
+
+def shape_rewards(rewards: Float[Tensor, " P"], shaping: RewardShaping = RewardShaping.ZSCORE) -> Float[Tensor, " P"]:
+    """Apply a :class:`RewardShaping` to member rewards."""
+    shaping = RewardShaping(shaping)
+    if shaping is RewardShaping.ZSCORE:
+        return zscore_rewards(rewards)
+    if shaping is RewardShaping.CENTERED_RANKS:
+        return centered_rank_rewards(rewards)
+    return _check_rewards(rewards)
+
+
+def es_gradient(rewards: Float[Tensor, " P"], noise: Float[Tensor, "P D"], *, sigma: float) -> Float[Tensor, " D"]:
+    r"""One-point ES estimate :math:`\hat g = \frac{1}{P\sigma}\sum_i R_i\varepsilon_i` of :math:`\nabla F_\sigma`.
+
+    :math:`F_\sigma(\theta) = \mathbb E_\varepsilon F(\theta + \sigma\varepsilon)`; the estimate is
+    unbiased for :math:`\nabla F_\sigma` (Ba et al. 2026, Eq. 6). ``noise`` holds the signed
+    directions of the members, so a mirrored population gives the antithetic estimator.
+
+    Example:
+        >>> es_gradient(torch.tensor([1., -1.]), torch.tensor([[1., 0.], [-1., 0.]]), sigma=0.5).tolist()
+        [2.0, 0.0]
+    """
+    _check_rewards(rewards)
+    check_float("noise", noise, ndim=2)
+    if noise.shape[0] != rewards.shape[0]:
+        raise ShapeError(f"noise: expected {rewards.shape[0]} rows (one per reward), got shape {list(noise.shape)}")
+    sigma = check_positive("sigma", sigma)
+    return (rewards.to(noise.dtype) @ noise) / (rewards.shape[0] * sigma)
+
+
+def antithetic_gradient(
+    rewards_plus: Float[Tensor, " N"], rewards_minus: Float[Tensor, " N"], noise: Float[Tensor, "N D"], *, sigma: float
+) -> Float[Tensor, " D"]:
+    r"""Two-point (antithetic) ES estimate of :math:`\nabla F_\sigma`.
+
+    .. math::
+        \hat g^{2p} = \frac{1}{2N\sigma}\sum_i
+        [F(\theta+\sigma\varepsilon_i) - F(\theta-\sigma\varepsilon_i)]\varepsilon_i
+
+
+    Equal to :func:`es_gradient` on the mirrored population (Ba et al. 2026, App. E); exactly
+    :math:`\frac1N\sum_i (\nabla F^\top\varepsilon_i)\varepsilon_i` for quadratic :math:`F`.
+
+    Example:
+        >>> antithetic_gradient(torch.tensor([3.]), torch.tensor([1.]), torch.tensor([[1., 2.]]), sigma=0.5).tolist()
+        [2.0, 4.0]
+    """
+    if not isinstance(rewards_minus, Tensor) or rewards_minus.shape != getattr(rewards_plus, "shape", None):
+        raise ShapeError("rewards_minus: expected a tensor with the shape of rewards_plus")
+    return es_gradient(rewards_plus - rewards_minus, noise, sigma=2.0 * check_positive("sigma", sigma))
+
+
+def _named_float(params: Params) -> Params:
+    if not isinstance(params, Mapping) or not params:
+        raise ShapeError("params: expected a non-empty mapping from names to tensors")
+    for name, p in params.items():
+        check_float(f"params[{name!r}]", p)
+    return params
+
+
+def perturb_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
+    r"""In place, per tensor: :math:`\theta^{(n)} \leftarrow \theta^{(n)} + \mathrm{sign}\,\sigma\varepsilon^{(n)}_{k}`.
+
+    One transient noise tensor at a time, so peak extra memory is one float32 copy of the largest
+    tensor. Tied parameters must appear once in ``params`` (``named_parameters()`` deduplicates).
+    Runs under ``torch.no_grad()``.
+    """
+    _named_float(params)
+    sigma = check_positive("sigma", sigma, strict=False)
+    with torch.no_grad():
+        for name, p in params.items():
+            eps = seeded_noise(seed, name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names)
+            p.add_(eps.mul_(sign * sigma).to(p.dtype))  # scale in place: one transient tensor
+
+
+def restore_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
+    """Undo :func:`perturb_` by subtracting the same regenerated noise (exact only in exact arithmetic)."""
+    perturb_(params, seed, sigma=sigma, sign=-sign, mix_names=mix_names)
+
+
+def perturbed_params(
+    params: Params, population: EsPopulation, *, sigma: float, mix_names: bool = True
+) -> dict[str, Tensor]:
+    r"""Batched member weights ``{name: [P, *shape]}``, row ``i`` = :math:`\theta + \sigma s_i\varepsilon_{k_i}`.
+
+    Feed to :func:`population_forward` (``vmap`` over ``functional_call``) or to batched matmuls to
+    evaluate every member in one pass. Costs ``P`` copies of the parameters: for small models only.
+    """
+    _named_float(params)
+    sigma = check_positive("sigma", sigma, strict=False)
+    out = {}
+    for name, p in params.items():
+        eps = population_noise(population, name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names)
+        out[name] = (p.detach().unsqueeze(0) + sigma * eps).to(p.dtype)
+    return out
+
+
+def es_direction(
+    params: Params, population: EsPopulation, weights: Float[Tensor, " P"], *, mix_names: bool = True
+) -> dict[str, Tensor]:
+    r"""Decomposed search direction :math:`d^{(n)} = \frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}` per tensor.
+
+    Computed tensor by tensor and member by member with one accumulator per tensor (float32, or
+    float64 for float64 parameters), as in ES-at-Scale's decomposed update; returned in the
+    accumulator dtype.
+    """
+    _named_float(params)
+    _check_population(population)
+    check_float("weights", weights, ndim=1)
+    if weights.shape != population.seeds.shape:
+        raise ShapeError(
+            f"weights: expected shape {list(population.seeds.shape)} (one per member), got {list(weights.shape)}"
+        )
+    coef = (weights.double() * population.signs.double() / weights.shape[0]).tolist()
+    seeds = population.seeds.tolist()
+    out = {}
+    for name, p in params.items():
+        acc = torch.zeros(p.shape, dtype=_noise_dtype(p.dtype), device=p.device)
+        for s, c in zip(seeds, coef, strict=True):
+            if c != 0.0:
+                acc.add_(
+                    seeded_noise(int(s), name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names), alpha=c
+                )
+        out[name] = acc
+    return out
+
+
+def es_step(
+    params: Params,
+    population: EsPopulation,
+    rewards: Float[Tensor, " P"],
+    *,
+    lr: float,
+    shaping: RewardShaping = RewardShaping.ZSCORE,
+    mix_names: bool = True,
+) -> dict[str, Tensor]:
+    r"""The ES update :math:`\Delta^{(n)} = \alpha\frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}` (w: shaped rewards).
+
+    Pure: returns the per-tensor increments (accumulator dtype) and leaves ``params`` untouched.
+    All-equal rewards under z-scoring give exactly zero increments.
+
+    Args:
+        params: the centre, ``{name: tensor}``. population: the members' seeds and signs.
+        rewards: ``[P]`` fitness of each member. lr: :math:`\alpha` (absorbs :math:`1/\sigma`).
+        shaping: reward shaping. mix_names: name-mixed seeding.
+
+    References:
+        Qiu et al. 2025 (arXiv:2509.24372); Ba et al. 2026 (arXiv:2608.27351, Eq. 7).
+
+    Example:
+        >>> pop = EsPopulation(torch.tensor([1, 2]), torch.tensor([1., 1.]))
+        >>> d = es_step({"w": torch.zeros(3)}, pop, torch.tensor([1., 1.]), lr=0.1)
+        >>> d["w"].tolist()
+        [0.0, 0.0, 0.0]
+    """
+    if population.seeds.shape != getattr(rewards, "shape", None):
+        raise ShapeError(f"rewards: expected shape {list(population.seeds.shape)} (one per member)")
+    lr = check_positive("lr", lr, strict=False)
+    weights = shape_rewards(rewards, shaping)
+    return {n: lr * d for n, d in es_direction(params, population, weights, mix_names=mix_names).items()}
+
+
+def apply_es_step_(
+    params: Params,
+    population: EsPopulation,
+    rewards: Float[Tensor, " P"],
+    *,
+    lr: float,
+    shaping: RewardShaping = RewardShaping.ZSCORE,
+    mix_names: bool = True,
+) -> None:
+    """In place: add :func:`es_step`'s increments to ``params`` tensor by tensor (fp32 accumulate, cast once)."""
+    if population.seeds.shape != getattr(rewards, "shape", None):
+        raise ShapeError(f"rewards: expected shape {list(population.seeds.shape)} (one per member)")
+    lr = check_positive("lr", lr, strict=False)
+    weights = shape_rewards(rewards, shaping)
+    with torch.no_grad():
+        for name, p in params.items():
+            d = es_direction({name: p}, population, weights, mix_names=mix_names)[name]
+            p.add_(d.mul_(lr).to(p.dtype))
+
+
+class EvolutionStrategy(NamedTuple):
+    """An optax-style ES triple: ``init(key) -> state``, ``ask(state) -> population``,
+    ``update(params, population, rewards, state) -> (new_params, new_state)``."""
+
+    init: Callable[[int], EsState]
+    ask: Callable[[EsState], EsPopulation]
+    update: Callable[[Params, EsPopulation, Tensor, EsState], tuple[dict[str, Tensor], EsState]]
+
+
+def evolution_strategy(
+    *,
+    population: int,
+    sigma: float,
+    lr: float,
+    antithetic: bool = False,
+    shaping: RewardShaping = RewardShaping.ZSCORE,
+    mix_names: bool = True,
+) -> EvolutionStrategy:
+    r"""Build the ES ``(init, ask, update)`` triple (defaults: one-point ES with z-scores, as both papers).
+
+    ``ask`` draws ``population`` 31-bit seeds (or ``population // 2`` mirrored pairs) from a
+    generator seeded with ``(key, step)``, so the same state always asks for the same members.
+    ``update`` returns :math:`\theta + \alpha\frac1P\sum_i w_i s_i\varepsilon_{k_i}` (the members are
+    evaluated at :math:`\theta + \sigma s_i\varepsilon_{k_i}` by the caller, e.g. with
+    :func:`perturbed_params` or :func:`perturb_`/:func:`restore_`).
+
+    Example:
+        >>> es = evolution_strategy(population=4, sigma=0.1, lr=0.01)
+        >>> state = es.init(0)
+        >>> pop = es.ask(state)
+        >>> params, state = es.update({"w": torch.zeros(2)}, pop, torch.arange(4.0), state)
+        >>> state.step, params["w"].shape
+        (1, torch.Size([2]))
+    """
+    if population < 1 or (antithetic and population % 2):
+        raise DomainError(f"population: expected a positive (even when antithetic) integer, got {population}")
+    check_positive("sigma", sigma)
+    check_positive("lr", lr, strict=False)
+    shaping = RewardShaping(shaping)
+
+    def init(key: int) -> EsState:
+        if key < 0:
+            raise DomainError(f"key: expected a non-negative integer, got {key}")
+        return EsState(step=0, key=int(key))
+
+    def ask(state: EsState) -> EsPopulation:
+        gen = torch.Generator().manual_seed(tensor_seed(state.key, f"es-step-{state.step}"))
+        n = population // 2 if antithetic else population
+        seeds = torch.randint(0, 2**31 - 1, (n,), generator=gen, dtype=torch.int64)
+        if antithetic:
+            return antithetic_population(seeds)
+        return EsPopulation(seeds, torch.ones(n))
+
+    def update(params: Params, pop: EsPopulation, rewards: Tensor, state: EsState) -> tuple[dict[str, Tensor], EsState]:
+        delta = es_step(params, pop, rewards, lr=lr, shaping=shaping, mix_names=mix_names)
+        new = {n: (p.detach() + delta[n]).to(p.dtype) for n, p in params.items()}
+        return new, EsState(step=state.step + 1, key=state.key)
+
+    return EvolutionStrategy(init, ask, update)
+
+
+def population_forward(
+    module: torch.nn.Module, batched_params: Mapping[str, Tensor], *args: Tensor, shared_inputs: bool = True
+) -> Tensor:
+    """Evaluate every member in one call: ``vmap`` of ``torch.func.functional_call`` over the leading ``P`` axis.
+
+    Parameters not in ``batched_params`` (and all buffers) are taken from ``module`` unbatched.
+    With ``shared_inputs`` the same ``args`` go to every member, else each arg has a leading ``P``.
+    Returns the module's output with a leading ``P`` axis.
+    """
+    if not batched_params:
+        raise ShapeError("batched_params: expected a non-empty mapping")
+    sizes = {t.shape[0] for t in batched_params.values()}
+    if len(sizes) != 1:
+        raise ShapeError(f"batched_params: every tensor needs the same leading population size, got {sorted(sizes)}")
+
+    def one(p: dict[str, Tensor], *a: Tensor) -> Tensor:
+        return torch.func.functional_call(module, p, a)  # type: ignore[no-any-return]
+
+    in_dims = (0, *(None if shared_inputs else 0 for _ in args))
+    return torch.func.vmap(one, in_dims=in_dims)(dict(batched_params), *args)  # type: ignore[no-any-return]
+
+
+def _deltas(params: Params, base: Params) -> dict[str, Tensor]:
+    _named_float(params)
+    if set(params) != set(base):
+        raise ShapeError("base: expected the same tensor names as params")
+    for n in params:
+        if params[n].shape != base[n].shape:
+            raise ShapeError(f"base[{n!r}]: expected shape {list(params[n].shape)}, got {list(base[n].shape)}")
+    return {n: params[n].detach().double() - base[n].detach().double() for n in params}
+
+
+def relative_drift(params: Params, base: Params) -> Tensor:
+    r"""Relative drift :math:`\|\theta - \theta_0\|_2 / \|\theta_0\|_2` over all tensors (Ba et al. 2026, §3.6).
+
+    Example:
+        >>> float(relative_drift({"w": torch.tensor([3., 4.])}, {"w": torch.tensor([0., 4.])}))
+        0.75
+    """
+    delta = _deltas(params, base)
+    num = torch.stack([d.square().sum() for d in delta.values()]).sum().sqrt()
+    den = torch.stack([b.detach().double().square().sum() for b in base.values()]).sum().sqrt()
+    if float(den) == 0.0:
+        raise DomainError("base: the base parameters are all zero, relative drift is undefined")
+    return num / den
+
+
+def update_sparsity(params: Params, base: Params, *, tau: float) -> Tensor:
+    r"""Fraction of changed coordinates with small change: :math:`|\{0<|\Delta_i|\le\tau\}| / |\{|\Delta_i|>0\}|`.
+
+    Coordinates with exactly zero change are excluded from both counts; returns 0 when nothing
+    changed (Ba et al. 2026, §3.6).
+
+    Example:
+        >>> float(update_sparsity({"w": torch.tensor([1., 2., 5.])}, {"w": torch.tensor([1., 1., 1.])}, tau=1.5))
+        0.5
+    """
+    tau = check_positive("tau", tau, strict=False)
+    delta = torch.cat([d.reshape(-1).abs() for d in _deltas(params, base).values()])
+    changed = (delta > 0).sum()
+    small = ((delta > 0) & (delta <= tau)).sum()
+    return small.double() / changed.clamp_min(1).double()
+
+
+def threshold_update(params: Params, base: Params, *, tau: float) -> dict[str, Tensor]:
+    r"""Magnitude-thresholded checkpoint: coordinates with :math:`0<|\Delta_i|\le\tau` reset to the base value."""
+    tau = check_positive("tau", tau, strict=False)
+    delta = _deltas(params, base)
+    return {n: torch.where(delta[n].abs() <= tau, base[n], params[n]) for n in params}

@@ -1,0 +1,341 @@
+"""GFlowRL: trajectory balance with an in-batch Monte Carlo log-partition, and FlowRL's learned-log-Z baseline.
+
+Both losses are per-sequence squared residuals. They return a ``[B, T]`` matrix holding each
+sequence's loss divided by its length on its valid tokens, so that
+``aggregate(loss, mask, "seq-mean-token-sum")`` is the mean over sequences of paper Eq. 8 (with
+equal group sizes, :math:`\\frac{1}{|\\mathcal P|}\\sum_x\\frac1G\\sum_i`). Sequences are ``B = G*K``
+flat rows in row-major group order; rewards are ``[G, K]``.
+
+References: Liu et al. 2026, "GFlowRL: Scaling Distribution-Matching RL to Large Language Models",
+arXiv:2607.13394 (Eqs. 4-8); Zhu et al. 2025, FlowRL, arXiv:2509.15207.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._registry import register_policy_loss
+from posttrain.estimators.advantages import group_normalized_advantages
+from posttrain.estimators.aggregate import masked_mean, masked_sum
+from posttrain.validate import check_finite, check_float, check_mask, check_positive, check_same_shape
+
+__all__ = [
+    "FlowGap",
+    "GFlowRLDiagnostics",
+    "LengthNorm",
+    "flow_gap",
+    "flowrl_loss",
+    "gflowrl_loss",
+    "mc_log_partition",
+]
+
+
+class LengthNorm(str, Enum):
+    """Where GFlowRL divides by the response length :math:`L_i` (spec 14, section 3.5)."""
+
+    PAPER = "paper"
+    """Sum inside the log-partition (Eq. 4), per-token mean in the gap and residual (Eq. 6) as printed."""
+    NORMALIZED = "normalized"
+    """Per-token means everywhere: fixed point tempered by :math:`|y|`."""
+    CPRIME = "cprime"
+    """No normalisation: the exact fixed point :math:`\\pi \\propto \\pi_{ref} e^{\\beta r}` (Prop. B.1)."""
+
+    @classmethod
+    def parse(cls, v: LengthNorm | str) -> LengthNorm:
+        try:
+            return cls(v)
+        except ValueError:
+            raise DomainError(
+                f"variant: unknown length normalisation {v!r}; valid: paper, normalized, cprime"
+            ) from None
+
+
+class FlowGap(NamedTuple):
+    """Per-sequence flow gaps of one batch (no gradient)."""
+
+    gap: Tensor
+    """``[G, K]`` :math:`g_i` before clipping (0 on empty responses)."""
+    clipped_gap: Tensor
+    """``[G, K]`` :math:`\\tilde g_i = \\mathrm{clip}(g_i, -\\text{max\\_up}, \\text{max\\_down})`."""
+    log_partition: Tensor
+    """``[G]`` the in-batch estimate :math:`\\mathcal Z_t(x)`."""
+    lengths: Tensor
+    """``[G, K]`` :math:`L_i` (number of valid tokens), as the float dtype."""
+    valid: Tensor
+    """``[G, K]`` boolean, :math:`L_i > 0`."""
+
+
+class GFlowRLDiagnostics(NamedTuple):
+    """Diagnostics (no gradient) of :func:`gflowrl_loss` / :func:`flowrl_loss`."""
+
+    sequence_loss: Tensor
+    """``[G, K]`` per-sequence loss :math:`w_i(\\cdot)^2` (0 on empty responses)."""
+    log_partition: Tensor
+    """``[G]`` log-partition used (in-batch estimate, or the learned :math:`\\log Z_\\phi`)."""
+    clip_frac: Tensor
+    """0-d fraction of valid sequences whose flow gap (GFlowRL) or IS weight (FlowRL) is clipped."""
+    is_weight_mean: Tensor
+    """0-d mean importance weight over valid sequences."""
+
+
+def mc_log_partition(scores: Float[Tensor, "G K"], valid: Bool[Tensor, "G K"] | None = None) -> Float[Tensor, " G"]:
+    r"""In-batch Monte Carlo log-partition (paper Eq. 4): the group mean of per-sample log-weights.
+
+    .. math:: \mathcal Z_t(x) = \frac{1}{|\{i\}|}\sum_{i\in x} s_i,\qquad
+              s_i = \beta r_i + \log\pi_{ref}(y_i|x) - \log\pi_{old}(y_i|x)
+
+    With :math:`y_i\sim\pi_{old}`, :math:`\mathbb E[\mathcal Z_t] = \log Z - \mathrm{KL}(\pi_{old}\|p^\star)
+    \le \log Z` (equality iff :math:`\pi_{old} = p^\star`, where every :math:`s_i = \log Z`) and its
+    variance is :math:`O(1/K)`. Detached (a stop-gradient baseline). Groups with no valid sample give 0.
+
+    Args:
+        scores: ``[G, K]`` per-sample log-weights :math:`s_i`.
+        valid: optional ``[G, K]`` boolean; invalid samples (empty responses) are excluded.
+
+    Returns:
+        ``[G]`` estimates.
+
+    Example:
+        >>> mc_log_partition(torch.tensor([[1.0, 3.0, 8.0]]), torch.tensor([[True, True, False]])).tolist()
+        [2.0]
+    """
+    check_float("scores", scores, ndim=2)
+    if valid is None:
+        return scores.detach().mean(dim=-1)
+    check_mask("valid", valid, scores.shape)
+    return masked_mean(scores.detach(), valid, dim=-1)
+
+
+def _grouped_sums(
+    name: str, rewards: Tensor, mask: Tensor, **token_tensors: Tensor
+) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Validate and return per-sequence sums ``[G, K]`` of each token tensor, lengths and validity."""
+    check_float(name, rewards, ndim=2)
+    check_finite(name, rewards)
+    g, k = rewards.shape
+    first_name, first = next(iter(token_tensors.items()))
+    check_float(first_name, first, ndim=2)
+    if first.shape[0] != g * k:
+        raise ShapeError(
+            f"{first_name}: expected {g * k} rows (G*K from {name} {list(rewards.shape)}), got {first.shape[0]}"
+        )
+    check_same_shape(first_name, first, **{n: t for n, t in token_tensors.items() if n != first_name})
+    check_mask("mask", mask, first.shape)
+    sums = {}
+    for n, t in token_tensors.items():
+        check_finite(n, torch.where(mask, t.detach(), torch.zeros((), dtype=t.dtype)))
+        sums[n] = masked_sum(t, mask, dim=-1).reshape(g, k)
+    lengths = mask.sum(dim=-1).reshape(g, k)
+    return sums, lengths.to(first.dtype), lengths > 0
+
+
+def flow_gap(
+    rewards: Float[Tensor, "G K"],
+    logp_old: Float[Tensor, "B T"],
+    logp_ref: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    beta: float = 8.0,
+    variant: LengthNorm | str = LengthNorm.PAPER,
+    max_up: float = 0.2,
+    max_down: float = 0.28,
+) -> FlowGap:
+    r"""Flow gaps at the rollout policy (paper Eqs. 4, 6, 7), computed once per group, no gradient.
+
+    With :math:`S^{old}_i, S^{ref}_i` the masked sums of ``logp_old``, ``logp_ref`` over response
+    :math:`i`, :math:`L_i` its length and :math:`d_i = S^{ref}_i - S^{old}_i`:
+
+    .. math::
+        \mathcal Z_t = \mathrm{mean}_{i\in x}\big(\beta r_i + d_i/\lambda^{Z}_i\big),\qquad
+        g_i = \mathcal Z_t - \beta r_i - d_i/\lambda^{g}_i,\qquad
+        \tilde g_i = \mathrm{clip}(g_i, -\text{max\_up}, +\text{max\_down})
+
+    with :math:`(\lambda^Z, \lambda^g) = (1, L)` for ``paper``, :math:`(L, L)` for ``normalized``
+    and :math:`(1, 1)` for ``cprime``. The loss pushes :math:`\delta_i` toward :math:`-\tilde g_i`,
+    so ``max_up`` bounds the increase of a response's log-probability and ``max_down`` its
+    decrease; the defaults (0.2 up, 0.28 down) are Eq. 7 as printed, :math:`\mathrm{clip}(g,
+    -\epsilon_{low}, \epsilon_{high})` (the paper's prose suggests the swapped bounds; see spec 14,
+    section 10.1). In ``cprime``/``normalized`` the unclipped gaps of a group sum to zero.
+
+    Args:
+        rewards: ``[G, K]`` raw rewards. logp_old, logp_ref: ``[B, T]`` (B = G*K) behaviour and
+        reference log-probs. mask: ``[B, T]`` policy-token mask (empty rows are excluded).
+        beta: inverse temperature :math:`\beta > 0`. variant: a :class:`LengthNorm`.
+        max_up, max_down: clip bounds, >= 0.
+
+    Returns:
+        :class:`FlowGap`.
+
+    Raises:
+        ShapeError: wrong shapes or dtypes. DomainError: bad hyperparameters, non-finite values.
+
+    Example:
+        >>> r = torch.tensor([[1.0, 0.0]]); z = torch.zeros(2, 1); m = torch.ones(2, 1, dtype=torch.bool)
+        >>> fg = flow_gap(r, z, z, m, beta=0.2)
+        >>> fg.gap.tolist(), fg.log_partition.tolist()
+        ([[-0.10000000149011612, 0.10000000149011612]], [0.10000000149011612])
+    """
+    beta = check_positive("beta", beta)
+    max_up = check_positive("max_up", max_up, strict=False)
+    max_down = check_positive("max_down", max_down, strict=False)
+    v = LengthNorm.parse(variant)
+    sums, lengths, valid = _grouped_sums("rewards", rewards, mask, logp_old=logp_old, logp_ref=logp_ref)
+    with torch.no_grad():
+        d = (sums["logp_ref"] - sums["logp_old"]).detach()
+        d_mean = d / lengths.clamp(min=1)
+        br = beta * rewards.detach()
+        log_z = mc_log_partition(br + (d_mean if v is LengthNorm.NORMALIZED else d), valid)
+        g = log_z.unsqueeze(-1) - br - (d if v is LengthNorm.CPRIME else d_mean)
+        zero = torch.zeros((), dtype=g.dtype, device=g.device)
+        g = torch.where(valid, g, zero)
+        g_clip = g.clamp(-max_up, max_down)
+    return FlowGap(g, g_clip, log_z, lengths, valid)
+
+
+def _spread_over_tokens(seq_loss: Tensor, lengths: Tensor, valid: Tensor, mask: Tensor) -> Tensor:
+    """``[G, K]`` per-sequence losses -> ``[B, T]``: loss / L on each valid token (0 elsewhere)."""
+    per_token = torch.where(valid, seq_loss / lengths.clamp(min=1), torch.zeros((), dtype=seq_loss.dtype))
+    zero = torch.zeros((), dtype=seq_loss.dtype, device=seq_loss.device)
+    return torch.where(mask, per_token.reshape(-1, 1), zero)
+
+
+@register_policy_loss("gflowrl", paper="Liu et al. 2026, GFlowRL, arXiv:2607.13394")
+def gflowrl_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    logp_ref: Float[Tensor, "B T"],
+    rewards: Float[Tensor, "G K"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    beta: float = 8.0,
+    variant: LengthNorm | str = LengthNorm.PAPER,
+    max_up: float = 0.2,
+    max_down: float = 0.28,
+    is_cap: float = 2.0,
+    geometric_ratio: bool = True,
+    gap: FlowGap | None = None,
+) -> tuple[Float[Tensor, "B T"], GFlowRLDiagnostics]:
+    r"""GFlowRL trajectory-balance loss with drift correction and flow-gap clipping (paper Eq. 8).
+
+    .. math::
+        \delta_i = (S_i - S^{old}_i)/\lambda_i,\qquad
+        w_i = \mathrm{sg}\big(\min(\rho_i, 1+\epsilon_{IS})\big),\qquad
+        \mathcal L_i = w_i\,(\tilde g_i + \delta_i)^2
+
+    with :math:`\tilde g_i` from :func:`flow_gap`, :math:`\lambda_i = L_i` (``paper``,
+    ``normalized``) or 1 (``cprime``), and :math:`\rho_i = e^{(S_i - S^{old}_i)/L_i}` (geometric,
+    default) or :math:`e^{S_i - S^{old}_i}`. At :math:`\theta = \theta_{old}` the gradient is a policy
+    gradient with per-sequence advantage :math:`-2\tilde g_i/\lambda_i`. Compute ``gap`` once over
+    whole groups before micro-batching and pass it in; otherwise it is computed here.
+
+    Args:
+        logp: ``[B, T]`` current log-probs (gradient). logp_old, logp_ref: ``[B, T]`` no gradient.
+        rewards: ``[G, K]`` raw rewards (B = G*K). mask: ``[B, T]`` policy-token mask.
+        beta, variant, max_up, max_down: see :func:`flow_gap`. is_cap: :math:`1+\epsilon_{IS} > 0`.
+        geometric_ratio: length-normalised (True) or literal sequence IS ratio.
+        gap: precomputed :class:`FlowGap` for these rows.
+
+    Returns:
+        ``(loss [B, T], GFlowRLDiagnostics)``; aggregate with ``seq-mean-token-sum`` for Eq. 8.
+
+    References:
+        Liu et al. 2026 (arXiv:2607.13394); Malkin et al. 2022, trajectory balance (arXiv:2201.13259).
+
+    Example:
+        >>> r = torch.tensor([[1.0, 0.0]]); z = torch.zeros(2, 1); m = torch.ones(2, 1, dtype=torch.bool)
+        >>> loss, d = gflowrl_loss(z, z, z, r, m, beta=0.2)
+        >>> [round(x, 4) for x in d.sequence_loss[0].tolist()]
+        [0.01, 0.01]
+    """
+    is_cap = check_positive("is_cap", is_cap)
+    v = LengthNorm.parse(variant)
+    if gap is None:
+        gap = flow_gap(rewards, logp_old, logp_ref, mask, beta=beta, variant=v, max_up=max_up, max_down=max_down)
+    sums, lengths, valid = _grouped_sums("rewards", rewards, mask, logp=logp, logp_old=logp_old)
+    if gap.gap.shape != rewards.shape:
+        raise ShapeError(f"gap: expected flow gaps of shape {list(rewards.shape)}, got {list(gap.gap.shape)}")
+    diff = sums["logp"] - sums["logp_old"].detach()
+    mean_diff = diff / lengths.clamp(min=1)
+    delta = diff if v is LengthNorm.CPRIME else mean_diff
+    log_rho = (mean_diff if geometric_ratio else diff).detach()
+    weight = torch.exp(log_rho.clamp(max=math.log(is_cap)))
+    seq_loss = weight * (gap.clipped_gap + delta) ** 2
+    seq_loss = torch.where(valid, seq_loss, torch.zeros((), dtype=seq_loss.dtype))
+    with torch.no_grad():
+        clipped = (gap.clipped_gap != gap.gap) & valid
+        diag = GFlowRLDiagnostics(
+            seq_loss.detach(),
+            gap.log_partition,
+            masked_mean(clipped.to(seq_loss.dtype), valid),
+            masked_mean(weight, valid),
+        )
+    return _spread_over_tokens(seq_loss, lengths, valid, mask), diag
+
+
+@register_policy_loss("flowrl", paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207")
+def flowrl_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    logp_ref: Float[Tensor, "B T"],
+    rewards: Float[Tensor, "G K"],
+    mask: Bool[Tensor, "B T"],
+    log_z: Float[Tensor, " G"],
+    *,
+    beta: float = 15.0,
+    clip: float = 0.2,
+) -> tuple[Float[Tensor, "B T"], GFlowRLDiagnostics]:
+    r"""FlowRL's trajectory-balance loss with a learned log-partition (the GFlowRL baseline).
+
+    .. math::
+        \Delta_i = \log Z_\phi(x) + \frac{S_i - S^{ref}_i}{L_i} - \beta\hat r_i,\qquad
+        w_i = \mathrm{sg}\big(\mathrm{clip}(e^{S_i - S^{old}_i}, 1-\epsilon, 1+\epsilon)\big),\qquad
+        \mathcal L_i = w_i\Delta_i^2
+
+    with :math:`\hat r` the group z-scored reward (:func:`group_normalized_advantages`). Gradients
+    flow into both ``logp`` and ``log_z``.
+
+    Args:
+        logp, logp_old, logp_ref: ``[B, T]``. rewards: ``[G, K]``. mask: ``[B, T]``.
+        log_z: ``[G]`` learned log-partition per prompt (carries gradient).
+        beta: reward scale (FlowRL: 15). clip: :math:`\epsilon \in (0, 1)`.
+
+    Returns:
+        ``(loss [B, T], GFlowRLDiagnostics)``; aggregate with ``seq-mean-token-sum``.
+
+    References:
+        Zhu et al. 2025, FlowRL (arXiv:2509.15207).
+
+    Example:
+        >>> z = torch.zeros(2, 1); m = torch.ones(2, 1, dtype=torch.bool)
+        >>> _, d = flowrl_loss(z, z, z, torch.tensor([[1.0, 0.0]]), m, torch.zeros(1), beta=1.0)
+        >>> [round(x, 3) for x in d.sequence_loss[0].tolist()]
+        [0.5, 0.5]
+    """
+    beta = check_positive("beta", beta)
+    clip = check_positive("clip", clip)
+    if clip >= 1.0:
+        raise DomainError(f"clip: expected a value in (0, 1), got {clip!r}")
+    sums, lengths, valid = _grouped_sums("rewards", rewards, mask, logp=logp, logp_old=logp_old, logp_ref=logp_ref)
+    check_float("log_z", log_z, ndim=1)
+    if log_z.shape[0] != rewards.shape[0]:
+        raise ShapeError(f"log_z: expected shape [{rewards.shape[0]}], got {list(log_z.shape)}")
+    r_hat = group_normalized_advantages(rewards.detach())
+    residual = log_z.unsqueeze(-1) + (sums["logp"] - sums["logp_ref"].detach()) / lengths.clamp(min=1) - beta * r_hat
+    raw = torch.exp((sums["logp"] - sums["logp_old"]).detach().clamp(-20.0, 20.0))
+    weight = raw.clamp(1.0 - clip, 1.0 + clip)
+    seq_loss = torch.where(valid, weight * residual**2, torch.zeros((), dtype=residual.dtype))
+    with torch.no_grad():
+        diag = GFlowRLDiagnostics(
+            seq_loss.detach(),
+            log_z.detach(),
+            masked_mean((raw != weight).to(raw.dtype), valid),
+            masked_mean(weight, valid),
+        )
+    return _spread_over_tokens(seq_loss, lengths, valid, mask), diag

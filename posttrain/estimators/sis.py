@@ -1,0 +1,314 @@
+"""Selective importance sampling (SIS): a token-level rejection test against the behaviour policy.
+
+Each stored token :math:`y_t \\sim \\mu` is accepted with probability
+:math:`a_t = \\mathbb 1[y_t\\in\\mathrm{topK}_\\mu]\\min(1, \\rho_t/M_t)`; accepted tokens are treated as
+on-policy (weight 1, no clipping), rejected ones keep the usual clipped importance ratio.
+
+SIS enters any PPO-family loss through one function: :func:`sis_logp_old` returns *effective*
+behaviour log-probs, equal to ``logp.detach()`` on accepted tokens and ``logp_old`` elsewhere, so
+``loss(logp, sis_logp_old(...), ...)`` sees the ratio :math:`e^{\\ell - \\mathrm{sg}(\\ell)}` (value 1,
+gradient :math:`\\nabla\\ell`) on accepted tokens. :func:`sis_loss` is that composition with the PPO
+clip (the paper's GRPO + SIS); ``gspo_loss(logp, sis_logp_old(...), ...)`` is GSPO + SIS.
+
+Reference: Li et al. 2026, "Turning Off-Policy Tokens On-Policy: A Plug-in Approach for Improving
+LLM Alignment", arXiv:2607.04728. The plug-in forms inside GRPO/GSPO and the D diagnostics are
+*reconstructed* (spec 16, section 3.3-3.4).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from posttrain.errors import ShapeError
+from posttrain.estimators._registry import register_policy_loss
+from posttrain.estimators.aggregate import masked_sum
+from posttrain.estimators.losses import ClipDiagnostics, _check_policy_inputs, clipped_ratio_loss
+from posttrain.estimators.ratios import log_ratio
+from posttrain.validate import check_float, check_mask, check_positive, check_same_shape, check_tensor
+
+__all__ = [
+    "SISDiagnostics",
+    "no_correction_loss",
+    "sis_accept",
+    "sis_acceptance_prob",
+    "sis_divergence",
+    "sis_logp_old",
+    "sis_loss",
+    "token_in_topk",
+    "truncated_is_loss",
+]
+
+PAPER = "Li et al. 2026, Selective Importance Sampling, arXiv:2607.04728"
+
+
+class SISDiagnostics(NamedTuple):
+    """Diagnostics of an SIS loss (no gradient)."""
+
+    accept_rate: Tensor
+    """0-d: :math:`\\sum m\\,\\mathrm{acc} / \\sum m`."""
+    d_orig: Tensor | None
+    """``[B]``: :math:`\\sum_t m_t|\\log\\rho_t|` (cumulative absolute log-ratio)."""
+    d_sis: Tensor | None
+    """``[B]``: :math:`\\sum_t m_t(1-\\mathrm{acc}_t)|\\log\\rho_t|`; never above ``d_orig``."""
+    clip: ClipDiagnostics
+    """Clip diagnostics of the underlying PPO-clip loss (accepted tokens are never clipped)."""
+
+
+def token_in_topk(tokens: Int[Tensor, "B T"], topk_idx: Int[Tensor, "B T K"]) -> Bool[Tensor, "B T"]:
+    """:math:`I_{bt} = \\mathbb 1[y_{bt} \\in \\mathrm{topk\\_idx}_{bt,:}]` (K = 0 gives all False).
+
+    Example:
+        >>> token_in_topk(torch.tensor([[2, 0]]), torch.tensor([[[2, 1], [1, 3]]])).tolist()
+        [[True, False]]
+    """
+    check_tensor("tokens", tokens, ndim=2)
+    check_tensor("topk_idx", topk_idx, ndim=3)
+    if topk_idx.shape[:2] != tokens.shape:
+        raise ShapeError(
+            f"topk_idx: expected shape [{tokens.shape[0]}, {tokens.shape[1]}, K], got {list(topk_idx.shape)}"
+        )
+    return (topk_idx == tokens.unsqueeze(-1)).any(dim=-1)
+
+
+def sis_acceptance_prob(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    cur_topk_logp: Float[Tensor, "B T K"],
+    old_topk_logp: Float[Tensor, "B T K"],
+    in_topk: Bool[Tensor, "B T"],
+) -> Float[Tensor, "B T"]:
+    r"""SIS acceptance probability :math:`a = I\cdot\min(1, \rho/M)`, computed in log space, no gradient.
+
+    .. math::
+        \log\rho_{bt} = \ell_{bt} - \ell^{old}_{bt},\qquad
+        \log M_{bt} = \max_{k\le K}\big(\ell^{cur}_{btk} - \ell^{old}_{btk}\big),\qquad
+        a_{bt} = I_{bt}\,\exp\big(\min(0, \log\rho_{bt} - \log M_{bt})\big)
+
+    With K = V (all tokens) this is exact rejection sampling: accepted proposals are distributed as
+    :math:`\pi_\theta(\cdot|s_t)`. With K < V, M may be below 1 and tokens outside the top-K are
+    always rejected (``in_topk`` False).
+
+    Args:
+        logp: ``[B, T]`` current-policy log-probs of the stored tokens (gradient ignored).
+        logp_old: ``[B, T]`` behaviour log-probs :math:`\log\mu` of the stored tokens.
+        cur_topk_logp: ``[B, T, K]`` current log-probs at the behaviour's top-K indices.
+        old_topk_logp: ``[B, T, K]`` behaviour log-probs at those indices.
+        in_topk: ``[B, T]`` boolean, whether the stored token is among the top-K (:func:`token_in_topk`).
+
+    Returns:
+        ``[B, T]`` acceptance probabilities in [0, 1] (detached).
+
+    Raises:
+        ShapeError: wrong ranks, dtypes or shapes.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[0.5, 0.2]])); lo = torch.log(torch.tensor([[0.25, 0.4]]))
+        >>> cur = torch.log(torch.tensor([[[0.5, 0.3], [0.2, 0.8]]]))
+        >>> old = torch.log(torch.tensor([[[0.25, 0.75], [0.4, 0.6]]]))
+        >>> [round(x, 4) for x in sis_acceptance_prob(lp, lo, cur, old, torch.tensor([[True, True]]))[0].tolist()]
+        [1.0, 0.375]
+    """
+    check_float("logp", logp, ndim=2)
+    check_same_shape("logp", logp, logp_old=logp_old)
+    check_float("cur_topk_logp", cur_topk_logp, ndim=3)
+    check_same_shape("cur_topk_logp", cur_topk_logp, old_topk_logp=old_topk_logp)
+    if cur_topk_logp.shape[:2] != logp.shape:
+        raise ShapeError(
+            f"cur_topk_logp: expected shape [{logp.shape[0]}, {logp.shape[1]}, K], got {list(cur_topk_logp.shape)}"
+        )
+    check_mask("in_topk", in_topk, logp.shape)
+    with torch.no_grad():
+        lr = logp.detach() - logp_old
+        if cur_topk_logp.shape[-1] == 0:
+            return torch.zeros_like(lr)
+        log_m = (cur_topk_logp - old_topk_logp).amax(dim=-1)
+        log_a = torch.clamp(lr - log_m, max=0.0)
+        return torch.where(in_topk, log_a.exp(), torch.zeros((), dtype=lr.dtype, device=lr.device))
+
+
+def sis_accept(accept_prob: Float[Tensor, "B T"], u: Float[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
+    r""":math:`\mathrm{acc} = \mathbb 1[u < a]` with ``u`` i.i.d. Uniform(0, 1) drawn by the caller.
+
+    Draw ``u`` from a dedicated ``torch.Generator`` (seeded per step and mini-batch) so that SIS does
+    not shift any other random stream.
+
+    Example:
+        >>> sis_accept(torch.tensor([[0.5, 1.0, 0.0]]), torch.tensor([[0.6, 0.99, 0.0]])).tolist()
+        [[False, True, False]]
+    """
+    check_float("accept_prob", accept_prob, ndim=2)
+    check_same_shape("accept_prob", accept_prob, u=u)
+    check_float("u", u)
+    return u < accept_prob
+
+
+def sis_logp_old(
+    logp: Float[Tensor, "B T"], logp_old: Float[Tensor, "B T"], accepted: Bool[Tensor, "B T"]
+) -> Float[Tensor, "B T"]:
+    r"""Effective behaviour log-probs that turn any ratio-based loss into its SIS version.
+
+    .. math::
+        \ell^{sis}_{bt} = \begin{cases}\mathrm{sg}(\ell_{bt}) & \mathrm{acc}_{bt}\\
+        \ell^{old}_{bt} & \text{otherwise}\end{cases}
+        \quad\Rightarrow\quad \tilde\rho_{bt} = e^{\ell_{bt} - \ell^{sis}_{bt}} \in \{1\}\cup\{\rho_{bt}\}
+
+    On accepted tokens the ratio has value exactly 1 and gradient :math:`\nabla\ell`, so a PPO clip
+    is never active there ("clip-less"); rejected tokens keep the ordinary ratio.
+
+    Example:
+        >>> lp = torch.tensor([[-1.0, -2.0]]); lo = torch.tensor([[-1.5, -1.0]])
+        >>> sis_logp_old(lp, lo, torch.tensor([[True, False]])).tolist()
+        [[-1.0, -1.0]]
+    """
+    check_float("logp", logp, ndim=2)
+    check_same_shape("logp", logp, logp_old=logp_old)
+    check_mask("accepted", accepted, logp.shape)
+    return torch.where(accepted, logp.detach(), logp_old)
+
+
+def sis_divergence(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    accepted: Bool[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+) -> tuple[Float[Tensor, " B"], Float[Tensor, " B"]]:
+    r"""Cumulative absolute log-ratios ``(D_orig, D_sis)`` per sequence (*reconstructed*), no gradient.
+
+    .. math::
+        D^{orig}_b = \sum_t m_{bt}|\log\rho_{bt}|,\qquad
+        D^{sis}_b = \sum_t m_{bt}(1-\mathrm{acc}_{bt})|\log\rho_{bt}|
+
+    They bound the gap between token-level and sequence-level weights:
+    :math:`|\prod_t\tilde\rho_t - 1| \le e^{D^{sis}} - 1 \le e^{D^{orig}} - 1`.
+
+    Example:
+        >>> d = sis_divergence(torch.tensor([[0.1, -0.3]]), torch.zeros(1, 2),
+        ...                    torch.tensor([[True, False]]), torch.ones(1, 2, dtype=torch.bool))
+        >>> [round(float(x), 4) for x in (d[0][0], d[1][0])]
+        [0.4, 0.3]
+    """
+    check_mask("mask", mask, logp.shape)
+    with torch.no_grad():
+        abs_lr = log_ratio(logp.detach(), logp_old).abs()
+        d_orig = masked_sum(abs_lr, mask, dim=-1)
+        d_sis = masked_sum(abs_lr, mask & ~accepted, dim=-1)
+    return d_orig, d_sis
+
+
+@register_policy_loss("sis", paper=PAPER)
+def sis_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    accepted: Bool[Tensor, "B T"],
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    divergence: bool = True,
+) -> tuple[Float[Tensor, "B T"], SISDiagnostics]:
+    r"""GRPO/PPO + SIS per-token loss: accepted tokens on-policy and unclipped, rejected ones PPO-clipped.
+
+    .. math::
+        \ell_{bt} = \mathrm{acc}_{bt}\big(-A_b e^{\ell_{bt} - \mathrm{sg}(\ell_{bt})}\big)
+        + (1-\mathrm{acc}_{bt})\max\big(-A_b\rho_{bt},\,
+        -A_b\,\mathrm{clip}(\rho_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+
+    (*reconstructed* plug-in form). Equal to ``clipped_ratio_loss(logp, sis_logp_old(logp, logp_old,
+    accepted), ...)``. With ``accepted`` all False this is exactly the clipped token-IS loss; with
+    ``logp == logp_old`` it is exactly on-policy GRPO whatever ``accepted`` is.
+
+    Args:
+        logp: ``[B, T]`` current-policy log-probs (gradient). logp_old: ``[B, T]`` behaviour log-probs.
+        advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]`` boolean response mask.
+        accepted: ``[B, T]`` boolean outcome of the rejection test (:func:`sis_accept`).
+        clip_low, clip_high, dual_clip: PPO-clip settings applied to rejected tokens.
+        divergence: also compute ``d_orig``/``d_sis`` (three extra passes; None when False).
+
+    Returns:
+        ``(loss [B, T], SISDiagnostics)``; masked positions are 0.
+
+    Raises:
+        ShapeError, DomainError: as :func:`~posttrain.estimators.clipped_ratio_loss`.
+
+    References:
+        Li et al. 2026 (arXiv:2607.04728); Schulman et al. 2017 (arXiv:1707.06347).
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[1.5, 1.5]])); m = torch.ones(1, 2, dtype=torch.bool)
+        >>> loss, d = sis_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), m, torch.tensor([[True, False]]))
+        >>> loss[0].tolist(), float(d.accept_rate)
+        ([-1.0, -1.2000000476837158], 0.5)
+    """
+    check_mask("accepted", accepted, logp.shape)
+    loss, clip = clipped_ratio_loss(
+        logp, sis_logp_old(logp, logp_old, accepted), advantages, mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
+    )  # fmt: skip
+    with torch.no_grad():
+        rate = (accepted & mask).count_nonzero().to(loss.dtype) / mask.count_nonzero().clamp(min=1).to(loss.dtype)
+        d_orig, d_sis = sis_divergence(logp, logp_old, accepted, mask) if divergence else (None, None)
+    return loss, SISDiagnostics(rate, d_orig, d_sis, clip)
+
+
+def _token_policy_loss(weight: Tensor, logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
+    """:math:`-A w e^{\\ell - \\mathrm{sg}(\\ell)}`: value :math:`-Aw`, gradient :math:`-Aw\\nabla\\ell`; 0 off mask."""
+    loss = -adv * weight.detach() * torch.exp(logp - logp.detach())
+    return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+
+
+@register_policy_loss("truncated_is", paper="Ionides 2008, truncated importance sampling; Yao et al. 2025 (TIS)")
+def truncated_is_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    cap: float = 2.0,
+) -> Float[Tensor, "B T"]:
+    r"""Truncated token IS: :math:`\ell = -A\,\mathrm{sg}(\min(\rho, C))\,e^{\ell-\mathrm{sg}(\ell)}` per token.
+
+    Value :math:`-A\min(\rho, C)`, gradient :math:`-A\min(\rho, C)\nabla\ell` (the weight is
+    truncated, never zeroed, unlike the PPO clip). A baseline for SIS.
+
+    Args:
+        logp, logp_old: ``[B, T]`` log-probs. advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]``.
+        cap: truncation level :math:`C > 0`.
+
+    Returns:
+        ``[B, T]`` loss, 0 on masked positions.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[0.5, 3.0]])); m = torch.ones(1, 2, dtype=torch.bool)
+        >>> truncated_is_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), m).tolist()
+        [[-0.5, -2.0]]
+    """
+    cap = check_positive("cap", cap)
+    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    weight = torch.exp(log_ratio(logp, logp_old)).clamp(max=cap)
+    return _token_policy_loss(weight, logp, adv, mask)
+
+
+@register_policy_loss("no_is_correction", paper="baseline: stale samples trained as on-policy")
+def no_correction_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+) -> Float[Tensor, "B T"]:
+    r"""No off-policy correction: ratio :math:`\equiv 1`, :math:`\ell = -A\,e^{\ell-\mathrm{sg}(\ell)}` per token.
+
+    ``logp_old`` is validated but unused (the signature matches the other policy losses).
+
+    Example:
+        >>> lp = torch.tensor([[-1.0]]); m = torch.ones(1, 1, dtype=torch.bool)
+        >>> no_correction_loss(lp, lp - 3.0, torch.tensor([2.0]), m).tolist()
+        [[-2.0]]
+    """
+    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    return _token_policy_loss(torch.ones_like(adv), logp, adv, mask)

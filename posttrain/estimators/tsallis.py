@@ -1,0 +1,286 @@
+r"""GARL and PAFT: Monte-Carlo gradient estimators of the Tsallis loss :math:`\ell_q(P) = -\ln_q P`.
+
+Per prompt, M traces :math:`z_m` are sampled from the policy; each carries a detached weight
+:math:`w_m = p(y^*\mid x, z_m)` given in log space as ``log_w [G, M]`` (verifier setting:
+:math:`\log r\in\{0,-\infty\}`; likelihood setting: the summed answer-token log-probs). With
+:math:`\bar w = \frac1M\sum_m w_m = \exp(\mathrm{logsumexp}(\log w) - \log M)` and
+:math:`\rho_m = w_m/\bar w` (so :math:`\sum_m\rho_m = M`), everything is computed in these
+normalised units, so tiny weights never underflow before they are combined:
+
+- **GARL** (*reconstructed*, spec 20 §3.5): trace weight
+  :math:`A_m = \bar w^{-q}(w_m - b_m) = \bar w^{1-q}\,\frac{M(\rho_m-1)}{M-1}` with the RLOO baseline
+  :math:`b_m = \frac1{M-1}\sum_{j\ne m}w_j` (``baseline="none"``: :math:`\bar w^{1-q}\rho_m`; M = 1 uses
+  b = 0), and answer-token (pathwise) weight :math:`\bar w^{-q}w_m = \bar w^{1-q}\rho_m`.
+- **PAFT** (*reconstructed*): resample S indices :math:`m^*_s\sim\mathrm{Cat}(\rho/M)` by inverse CDF
+  from the given uniforms; every token of trace m gets weight :math:`M\,\bar w^{1-q}c_m/S`
+  (:math:`c_m` = times m was drawn), whose expectation over the resampling is GARL's b = 0 weight.
+
+The per-token loss is :math:`-\mathrm{weight}\cdot\log\pi`, zero off the masks. Reduce it with
+``loss.sum() / (G * M)`` (``seq-mean-token-sum`` when no trace is empty): the surrogate of spec
+§3.5, whose gradient is :math:`-\hat g`. A prompt with :math:`\bar w = 0` (no success, or underflow)
+gets weight exactly 0, hence loss and gradient exactly 0, for every q in [0, 1]
+(:math:`0^{-q}` is never evaluated). Limits: q = 0 GARL is REINFORCE-RLOO on w; q = 1 GARL with
+b = 0 is the self-normalised (IWAE) gradient :math:`\sum_m \frac{w_m}{\sum_j w_j}\nabla\log[\pi p]`;
+q = 1 PAFT is SFT on a posterior sample.
+
+References:
+    Lin & Ie 2026, "How Fast Should a Model Commit to Supervision? Training Reasoning Models on
+    the Tsallis Loss Continuum", arXiv:2604.25907 (Algorithms 1 and 2; formulas reconstructed).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, NamedTuple
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._registry import register_advantage, register_policy_loss
+from posttrain.validate import check_float, check_in_range, check_mask, value_checks_enabled
+
+__all__ = [
+    "TsallisWeights",
+    "garl_advantages",
+    "garl_loss",
+    "garl_weights",
+    "log_mean_weight",
+    "paft_advantages",
+    "paft_loss",
+    "paft_weights",
+]
+
+_PAPER = "Lin & Ie 2026, Tsallis loss continuum, arXiv:2604.25907"
+
+
+class TsallisWeights(NamedTuple):
+    """Detached per-trace weights of GARL / PAFT and their diagnostics."""
+
+    trace: Tensor
+    """``[G, M]`` weight on each trace's token log-probs."""
+    answer: Tensor
+    """``[G, M]`` weight on each trace's answer-token log-probs (the pathwise term)."""
+    log_w_bar: Tensor
+    """``[G]`` :math:`\\log\\bar w` (``-inf`` where every weight is 0), after the optional clamp."""
+    amplification: Tensor
+    """``[G]`` the per-prompt factor applied: :math:`\\bar w^{-q}` (GARL) or :math:`\\bar w^{1-q}` (PAFT); 0 where :math:`\\bar w=0`."""
+    clamped: Tensor
+    """``[G]`` bool, where :math:`\\log\\bar w` was raised to ``log_w_min``."""
+
+
+def _check_log_w(log_w: Tensor, q: float) -> None:
+    check_float("log_w", log_w, ndim=2)
+    check_in_range("q", q, 0.0, 1.0)
+    if log_w.shape[0] < 1 or log_w.shape[1] < 1:
+        raise ShapeError(f"log_w: expected shape [G, M] with G, M >= 1, got {list(log_w.shape)}")
+    if value_checks_enabled() and bool((torch.isnan(log_w) | (log_w == math.inf)).any()):
+        raise DomainError("log_w: expected finite values or -inf (zero weight), found NaN or +inf")
+
+
+def log_mean_weight(log_w: Float[Tensor, "G M"], *, log_w_min: float | None = None) -> tuple[Tensor, Tensor]:
+    r""":math:`\log\bar w = \mathrm{logsumexp}_m \log w_m - \log M` per prompt, optionally clamped below.
+
+    Returns ``(log_w_bar [G], clamped [G])``; all-zero weights give ``-inf`` (never clamped).
+
+    Example:
+        >>> lw, _ = log_mean_weight(torch.log(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])))
+        >>> lw.exp().tolist()
+        [0.5, 0.0]
+    """
+    lw = (torch.logsumexp(log_w.detach(), dim=-1) - math.log(log_w.shape[-1])).to(log_w.dtype)
+    alive = lw > -math.inf
+    if log_w_min is None:
+        return lw, torch.zeros_like(alive)
+    clamped = alive & (lw < log_w_min)
+    return torch.where(clamped, torch.full_like(lw, float(log_w_min)), lw), clamped
+
+
+def _normalised(log_w: Tensor, log_w_bar: Tensor, power: float) -> tuple[Tensor, Tensor]:
+    """``(rho [G, M], wbar^power [G])`` with zeros (not NaN) where :math:`\\bar w = 0`."""
+    alive = log_w_bar > -math.inf
+    zero = torch.zeros((), dtype=log_w.dtype, device=log_w.device)
+    safe_bar = torch.where(alive, log_w_bar, zero)
+    rho = torch.where(alive.unsqueeze(-1), torch.exp(log_w.detach() - safe_bar.unsqueeze(-1)), zero)
+    return rho, torch.where(alive, torch.exp(power * safe_bar), zero)
+
+
+def garl_weights(
+    log_w: Float[Tensor, "G M"],
+    *,
+    q: float,
+    baseline: Literal["rloo", "none"] = "rloo",
+    log_w_min: float | None = None,
+) -> TsallisWeights:
+    r"""GARL trace and answer weights :math:`\bar w^{-q}(w_m - b_m)` and :math:`\bar w^{-q} w_m` (see module docstring).
+
+    Args:
+        log_w: ``[G, M]`` detached log-weights (``-inf`` = weight 0).
+        q: Tsallis parameter in [0, 1]; q = 0 is RLVR/RLOO, q = 1 the marginal likelihood.
+        baseline: ``"rloo"`` (leave-one-out mean of w; b = 0 when M = 1) or ``"none"``.
+        log_w_min: optional lower clamp on :math:`\log\bar w` (e.g. ``log(1e-30)``).
+
+    Returns:
+        :class:`TsallisWeights` (``amplification`` = :math:`\bar w^{-q}`).
+
+    Raises:
+        ShapeError: ``log_w`` not a 2-d float tensor. DomainError: q outside [0, 1], NaN/+inf weights, bad baseline.
+
+    Example:
+        >>> w = garl_weights(torch.log(torch.tensor([[1.0, 0.0, 0.0, 0.0]])), q=0.0)
+        >>> [round(x, 4) for x in w.trace[0].tolist()]  # RLOO advantages of r = (1, 0, 0, 0)
+        [1.0, -0.3333, -0.3333, -0.3333]
+        >>> round(float(garl_weights(torch.log(torch.tensor([[1.0, 0.0, 0.0, 0.0]])), q=1.0).amplification[0]), 4)
+        4.0
+    """
+    _check_log_w(log_w, q)
+    if baseline not in ("rloo", "none"):
+        raise DomainError(f"baseline: expected 'rloo' or 'none', got {baseline!r}")
+    log_w_bar, clamped = log_mean_weight(log_w, log_w_min=log_w_min)
+    rho, scale = _normalised(log_w, log_w_bar, 1.0 - q)
+    m = log_w.shape[-1]
+    answer = scale.unsqueeze(-1) * rho
+    if baseline == "rloo" and m > 1:
+        trace = scale.unsqueeze(-1) * (rho - 1.0) * (m / (m - 1))
+    else:
+        trace = answer
+    amplification = _normalised(log_w, log_w_bar, -q)[1]
+    return TsallisWeights(trace, answer, log_w_bar, amplification, clamped)
+
+
+def paft_weights(
+    log_w: Float[Tensor, "G M"], uniforms: Float[Tensor, "G S"], *, q: float, log_w_min: float | None = None
+) -> TsallisWeights:
+    r"""PAFT weights :math:`M\,\bar w^{1-q} c_m / S` from S posterior resamples drawn with ``uniforms``.
+
+    Index :math:`m^*_s` is the smallest m with :math:`\sum_{j\le m}\rho_j/M > u_s` (with replacement);
+    its expectation over uniform ``uniforms`` is GARL's b = 0 weight :math:`\bar w^{-q}w_m`.
+
+    Args:
+        log_w: ``[G, M]`` detached log-weights.
+        uniforms: ``[G, S]`` numbers in [0, 1), S >= 1 resamples per prompt.
+        q: Tsallis parameter in [0, 1].
+        log_w_min: optional lower clamp on :math:`\log\bar w`.
+
+    Returns:
+        :class:`TsallisWeights` with ``trace == answer`` and ``amplification`` = :math:`\bar w^{1-q}`.
+
+    Example:
+        >>> lw = torch.log(torch.tensor([[0.0, 1.0, 1.0, 0.0]]))
+        >>> paft_weights(lw, torch.tensor([[0.1, 0.9]]), q=1.0).trace.tolist()  # one draw each of traces 1 and 2
+        [[0.0, 2.0, 2.0, 0.0]]
+    """
+    _check_log_w(log_w, q)
+    check_float("uniforms", uniforms, ndim=2)
+    if uniforms.shape[0] != log_w.shape[0] or uniforms.shape[1] < 1:
+        raise ShapeError(f"uniforms: expected shape [{log_w.shape[0]}, S>=1], got {list(uniforms.shape)}")
+    log_w_bar, clamped = log_mean_weight(log_w, log_w_min=log_w_min)
+    rho, scale = _normalised(log_w, log_w_bar, 1.0 - q)
+    m, s = log_w.shape[-1], uniforms.shape[-1]
+    cdf = (rho / m).cumsum(-1)  # [G, M]
+    idx = (cdf.unsqueeze(-2) <= uniforms.to(cdf.dtype).unsqueeze(-1)).sum(-1)  # [G, S]
+    last = (rho > 0).to(torch.long).cumsum(-1).argmax(-1, keepdim=True)  # guard against cdf[-1] < 1 by rounding
+    idx = torch.minimum(idx, last)
+    counts = torch.zeros_like(rho).scatter_add_(-1, idx, torch.ones_like(idx, dtype=rho.dtype))
+    trace = scale.unsqueeze(-1) * counts * (m / s)
+    return TsallisWeights(trace, trace, log_w_bar, scale, clamped)
+
+
+def _weighted_token_loss(logp: Tensor, mask: Tensor, weights: TsallisWeights, answer_mask: Tensor | None) -> Tensor:
+    check_float("logp", logp, ndim=2)
+    check_mask("mask", mask, logp.shape)
+    b = weights.trace.numel()
+    if logp.shape[0] != b:
+        raise ShapeError(f"logp: expected B = G*M = {b} rows (the size of log_w), got shape {list(logp.shape)}")
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    token_w = torch.where(mask, weights.trace.reshape(b, 1).to(logp.dtype), zero)
+    if answer_mask is not None:
+        check_mask("answer_mask", answer_mask, logp.shape)
+        token_w = token_w + torch.where(answer_mask, weights.answer.reshape(b, 1).to(logp.dtype), zero)
+    active = mask if answer_mask is None else mask | answer_mask
+    return torch.where(active & (token_w != 0), -token_w * logp, zero)
+
+
+@register_policy_loss("garl", paper=_PAPER)
+def garl_loss(
+    logp: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    log_w: Float[Tensor, "G M"],
+    *,
+    q: float,
+    answer_mask: Bool[Tensor, "B T"] | None = None,
+    baseline: Literal["rloo", "none"] = "rloo",
+    log_w_min: float | None = None,
+) -> tuple[Float[Tensor, "B T"], TsallisWeights]:
+    r"""GARL per-token loss :math:`-A_m\log\pi` on trace tokens and :math:`-\bar w^{-q}w_m\log\pi` on answer tokens.
+
+    Args:
+        logp: ``[B, T]`` token log-probs with gradient, ``B = G*M`` rows in row-major (prompt, trace) order.
+        mask: ``[B, T]`` trace tokens.
+        log_w: ``[G, M]`` detached log-weights.
+        q, baseline, log_w_min: see :func:`garl_weights`.
+        answer_mask: ``[B, T]`` answer tokens (likelihood setting), or None (verifier setting).
+
+    Returns:
+        ``(loss [B, T], TsallisWeights)``; reduce with ``loss.sum() / B``. Exactly 0 where a weight is 0.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[0.5], [0.25]]))
+        >>> loss, _ = garl_loss(lp, torch.ones(2, 1, dtype=torch.bool), torch.log(torch.tensor([[1.0, 0.0]])), q=0.0)
+        >>> [round(x, 4) for x in loss[:, 0].tolist()]  # -(w_m - b_m) log pi
+        [0.6931, -1.3863]
+    """
+    weights = garl_weights(log_w, q=q, baseline=baseline, log_w_min=log_w_min)
+    return _weighted_token_loss(logp, mask, weights, answer_mask), weights
+
+
+@register_policy_loss("paft", paper=_PAPER)
+def paft_loss(
+    logp: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    log_w: Float[Tensor, "G M"],
+    uniforms: Float[Tensor, "G S"],
+    *,
+    q: float,
+    answer_mask: Bool[Tensor, "B T"] | None = None,
+    log_w_min: float | None = None,
+) -> tuple[Float[Tensor, "B T"], TsallisWeights]:
+    r"""PAFT per-token loss :math:`-M\bar w^{1-q}\frac{c_m}{S}\log\pi` on trace and answer tokens (SFT on resamples).
+
+    Same layout and reduction as :func:`garl_loss`; ``uniforms [G, S]`` drive the resampling.
+    """
+    weights = paft_weights(log_w, uniforms, q=q, log_w_min=log_w_min)
+    return _weighted_token_loss(logp, mask, weights, answer_mask), weights
+
+
+def _log_rewards(rewards: Tensor) -> Tensor:
+    check_float("rewards", rewards, ndim=2)
+    if value_checks_enabled() and bool((rewards < 0).any()):
+        raise DomainError("rewards: GARL/PAFT weights must be >= 0")
+    return torch.log(rewards)
+
+
+@register_advantage("garl", paper=_PAPER)
+def garl_advantages(
+    rewards: Float[Tensor, "G K"], *, q: float, baseline: Literal["rloo", "none"] = "rloo"
+) -> Float[Tensor, "G K"]:
+    r"""GARL trace weights for non-negative rewards (verifier setting, :math:`w = r`): :math:`\bar r^{-q}(r_k - b_k)`.
+
+    Use with an on-policy REINFORCE surrogate and ``seq-mean-token-sum`` aggregation.
+
+    Example:
+        >>> garl_advantages(torch.tensor([[1.0, 0.0]]), q=1.0).tolist()  # (1/2)^{-1} * (r - b)
+        [[2.0, -2.0]]
+    """
+    return garl_weights(_log_rewards(rewards), q=q, baseline=baseline).trace
+
+
+@register_advantage("paft", paper=_PAPER)
+def paft_advantages(
+    rewards: Float[Tensor, "G K"], uniforms: Float[Tensor, "G K"], *, q: float, samples: int = 1
+) -> Float[Tensor, "G K"]:
+    r"""PAFT weights for non-negative rewards, resampling ``samples`` traces with ``uniforms[:, :samples]``."""
+    if not 1 <= samples <= uniforms.shape[-1]:
+        raise DomainError(f"samples: expected 1 <= samples <= {uniforms.shape[-1]}, got {samples}")
+    return paft_weights(_log_rewards(rewards), uniforms[:, :samples], q=q).trace

@@ -1,0 +1,233 @@
+"""The ``Algorithm`` bundle: the callables a method is made of, resolved by name once at the config edge.
+
+A method preset (registered under ``registry("method")``) names an advantage estimator, a
+per-token policy loss, an aggregation mode and their options. :func:`build_algorithm` resolves
+the names in the estimator registries and returns an :class:`Algorithm` whose fields are plain
+callables; the trainer calls them and never looks at a name. What a method needs beyond the
+rollout (``logp_ref`` for a KL term, ``logp_teacher`` for a loss whose signature asks for it) is
+declared in ``Algorithm.needs`` and filled by the trainer.
+
+Per token, the minimised quantity is
+
+.. math:: L_{it} = \\ell^{pg}_{it} + \\beta\\,\\mathrm{KL}_{it} - c_H H_{it}
+
+aggregated once with the chosen mode (aggregation is linear, so this equals verl's separate
+aggregation of each term with the same mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.errors import DomainError
+from posttrain.estimators import (
+    AggregationMode,
+    broadcast_sequence_advantages,
+    get_advantage,
+    get_kl,
+    get_policy_loss,
+    masked_mean,
+)
+from posttrain.llm.batch import RolloutBatch
+from posttrain.registry import registry
+
+__all__ = ["METHODS", "Algorithm", "MethodPreset", "build_algorithm", "normaliser"]
+
+METHODS = registry("method")
+
+
+@dataclass(frozen=True)
+class MethodPreset:
+    """Registry names and options that make up a method."""
+
+    advantage: str
+    loss: str
+    aggregation: str
+    loss_options: Mapping[str, Any] = field(default_factory=dict)
+    advantage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+METHODS.add(
+    "grpo",
+    MethodPreset("grpo", "ppo_clip", "seq-mean-token-mean"),
+    paper="Shao et al. 2024, DeepSeekMath, arXiv:2402.03300",
+    summary="GRPO: group-normalised advantages, PPO-clip, sequence mean of token means.",
+)
+METHODS.add(
+    "drgrpo",
+    MethodPreset("drgrpo", "ppo_clip", "seq-mean-token-sum-norm"),
+    paper="Liu et al. 2025, Understanding R1-Zero-like training, arXiv:2503.20783",
+    summary="Dr.GRPO: mean-centred advantages, PPO-clip, constant normaliser B * max_new_tokens.",
+)
+METHODS.add(
+    "rloo",
+    MethodPreset("rloo", "ppo_clip", "seq-mean-token-sum"),
+    paper="Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740",
+    summary="RLOO: leave-one-out baseline, sequence log-prob (token sum) per sample.",
+)
+METHODS.add(
+    "gspo",
+    MethodPreset("grpo", "gspo", "seq-mean-token-mean"),
+    paper="Zheng et al. 2025, GSPO, arXiv:2507.18071",
+    summary="GSPO: group-normalised advantages, sequence-level clipped ratio.",
+)
+METHODS.add(
+    "ppo_clip",
+    MethodPreset("grpo", "ppo_clip", "token-mean", loss_options={"dual_clip": 3.0}),
+    paper="Schulman et al. 2017 arXiv:1707.06347; Ye et al. 2020 arXiv:1912.09729",
+    summary="PPO-clip with dual clip c=3 on group-normalised advantages (no critic), token mean.",
+)
+
+NEEDS_FROM_SIGNATURE = ("logp_ref", "logp_teacher")
+"""Batch fields a policy loss may ask for by naming them as keyword parameters."""
+
+
+def normaliser(mask: Bool[Tensor, "B T"], mode: AggregationMode, horizon: int) -> Tensor:  # float64, 0-d
+    r"""The denominator :math:`Z` of ``aggregate(values, mask, mode, horizon=horizon)`` as a 0-d tensor.
+
+    ``aggregate`` is :math:`\sum_i w_i \sum_t m_{it} L_{it} / Z` with per-row weights :math:`w_i`
+    (1, or :math:`1/n_i` for seq-mean-token-mean) that depend on the row alone, so for rows split
+    into micro-batches :math:`b`: :math:`\mathrm{agg}(\text{all}) = \sum_b \mathrm{agg}(b)\,Z_b / Z`.
+
+    Example:
+        >>> m = torch.tensor([[True, True, False], [True, True, True]])
+        >>> [float(normaliser(m, AggregationMode(x), 4)) for x in ("token-mean", "seq-mean-token-sum-norm", "token-sum")]
+        [5.0, 8.0, 1.0]
+    """
+    if mode is AggregationMode.TOKEN_MEAN:
+        return mask.sum().clamp(min=1).double()
+    if mode is AggregationMode.TOKEN_SUM:
+        return torch.ones((), dtype=torch.float64, device=mask.device)
+    rows = mask.any(dim=-1).sum().clamp(min=1).double()
+    return rows * horizon if mode is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM else rows
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """The callables of one method; built by :func:`build_algorithm`, used by the trainer.
+
+    Attributes:
+        advantage: ``[G, K]`` rewards (and optionally the mask) -> advantages (see ``advantages``).
+        policy_loss: ``(logp, logp_old, advantages, mask, **needs) -> (loss [B, T], diagnostics)``.
+        aggregation: how the ``[B, T]`` loss becomes a scalar.
+        horizon: the constant length of ``seq-mean-token-sum-norm`` (``rollout.max_new_tokens``).
+        kl: ``(logp, logp_ref) -> [B, T]`` or None; ``kl_coef`` its weight.
+        entropy_coef: weight of the entropy bonus (subtracted from the loss).
+        needs: batch fields the trainer must fill before the loss (e.g. ``{"logp_ref"}``).
+    """
+
+    advantage: Callable[[RolloutBatch], Float[Tensor, "B T"]]
+    policy_loss: Callable[..., tuple[Tensor, Any]]
+    aggregation: AggregationMode
+    horizon: int
+    kl: Callable[[Tensor, Tensor], Tensor] | None = None
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    needs: frozenset[str] = frozenset()
+    loss_needs: tuple[str, ...] = ()
+
+    @property
+    def wants_entropy(self) -> bool:
+        """Whether the loss uses the token entropy (otherwise it is computed for logging only)."""
+        return self.entropy_coef != 0.0
+
+    def advantages(self, batch: RolloutBatch) -> Float[Tensor, "B T"]:
+        """Per-token advantages for the batch, 0 off the mask."""
+        return self.advantage(batch)
+
+    def token_loss(
+        self, logp: Float[Tensor, "B T"], entropy: Float[Tensor, "B T"] | None, batch: RolloutBatch
+    ) -> tuple[Float[Tensor, "B T"], dict[str, Tensor]]:
+        """The per-token loss :math:`\\ell^{pg} + \\beta\\,KL - c_H H` and 0-d diagnostics (token means)."""
+        if batch.logp_old is None or batch.advantages is None:
+            raise DomainError("batch: logp_old and advantages must be filled before the loss")
+        extra = {name: getattr(batch, name) for name in self.loss_needs}
+        loss, diag = self.policy_loss(logp, batch.logp_old, batch.advantages, batch.mask, **extra)
+        metrics = {f"pg/{k}": v for k, v in diag._asdict().items()} if hasattr(diag, "_asdict") else {}
+        if self.kl is not None:
+            assert batch.logp_ref is not None  # guaranteed by `needs`
+            kl = self.kl(logp, batch.logp_ref)
+            loss = loss + self.kl_coef * kl
+            metrics["kl"] = masked_mean(kl.detach(), batch.mask)
+        if entropy is not None and self.entropy_coef:
+            loss = loss - self.entropy_coef * entropy
+        return torch.where(batch.mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device)), metrics
+
+
+def _sequence_advantage(fn: Callable[..., Tensor], options: Mapping[str, Any]) -> Callable[[RolloutBatch], Tensor]:
+    """Adapt ``fn([G, K], **options) -> [G, K]`` (or ``fn([G, K], mask) -> [B, T]``) to a batch."""
+    params = inspect.signature(fn).parameters
+    if "token_rewards" in params:  # outcome reward on the last valid token (REINFORCE++)
+
+        def from_tokens(batch: RolloutBatch) -> Tensor:
+            last = batch.mask.long().cumsum(-1).argmax(-1)
+            token_rewards = torch.zeros(batch.mask.shape, dtype=batch.rewards.dtype, device=batch.rewards.device)
+            token_rewards[torch.arange(batch.batch_size), last] = batch.rewards
+            return fn(token_rewards, batch.mask, **options)
+
+        return from_tokens
+
+    def grouped(batch: RolloutBatch) -> Tensor:
+        if "mask" in params:
+            return fn(batch.grouped_rewards(), batch.mask, **options)
+        return broadcast_sequence_advantages(fn(batch.grouped_rewards(), **options), batch.mask)
+
+    return grouped
+
+
+def build_algorithm(
+    *,
+    method: str,
+    horizon: int,
+    advantage: str | None = None,
+    loss: str | None = None,
+    aggregation: str | None = None,
+    advantage_options: Mapping[str, Any] | None = None,
+    loss_options: Mapping[str, Any] | None = None,
+    kl: str | None = None,
+    kl_coef: float = 0.0,
+    entropy_coef: float = 0.0,
+) -> Algorithm:
+    """Resolve a method preset plus overrides into an :class:`Algorithm` (the only place names are used).
+
+    Example:
+        >>> alg = build_algorithm(method="drgrpo", horizon=16, kl="k3", kl_coef=0.01)
+        >>> alg.aggregation.value, sorted(alg.needs)
+        ('seq-mean-token-sum-norm', ['logp_old', 'logp_ref'])
+    """
+    preset: MethodPreset = METHODS.get(method)  # type: ignore[assignment]
+    adv_fn = get_advantage(advantage or preset.advantage)
+    loss_fn = get_policy_loss(loss or preset.loss)
+    l_opts = {**(preset.loss_options if loss is None else {}), **(loss_options or {})}
+    a_opts = {**(preset.advantage_options if advantage is None else {}), **(advantage_options or {})}
+    for where, fn, opts in (("loss_options", loss_fn, l_opts), ("advantage_options", adv_fn, a_opts)):
+        params = inspect.signature(fn).parameters
+        bad = sorted(k for k in opts if k not in params or params[k].kind is not inspect.Parameter.KEYWORD_ONLY)
+        if bad:
+            valid = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+            raise DomainError(
+                f"algorithm.{where}: unknown option(s) {', '.join(bad)}; valid: {', '.join(valid) or '(none)'}"
+            )
+    loss_needs = tuple(n for n in NEEDS_FROM_SIGNATURE if n in inspect.signature(loss_fn).parameters)
+    needs = {"logp_old", *loss_needs}
+    if kl is not None and kl_coef > 0:
+        needs.add("logp_ref")
+    return Algorithm(
+        advantage=_sequence_advantage(adv_fn, a_opts),
+        policy_loss=functools.partial(loss_fn, **l_opts),
+        aggregation=AggregationMode.parse(aggregation or preset.aggregation),
+        horizon=int(horizon),
+        kl=get_kl(kl) if kl is not None and kl_coef > 0 else None,
+        kl_coef=float(kl_coef),
+        entropy_coef=float(entropy_coef),
+        needs=frozenset(needs),
+        loss_needs=loss_needs,
+    )

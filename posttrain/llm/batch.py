@@ -1,0 +1,155 @@
+"""The rollout batch: every tensor the trainer needs about B = G*K sampled responses, validated once.
+
+Layout: prompts are left-padded ``[B, P]`` (so every response starts at column ``P``), responses
+right-padded ``[B, T]``; ``mask [B, T]`` marks real response tokens (including the final
+``<eos>``). Rows are grouped row-major: the K samples of prompt 0 come first, so grouped rewards
+are ``rewards.reshape(G, K)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.validate import check_finite, check_float, check_mask, check_tensor
+
+__all__ = ["LOGP_FIELDS", "RolloutBatch"]
+
+LOGP_FIELDS = ("logp_old", "logp", "logp_ref", "logp_teacher")
+"""Optional ``[B, T]`` log-prob fields: behaviour, current, reference model, teacher model."""
+
+
+def _check_ids(name: str, x: object, shape: tuple[int, ...] | None = None) -> Tensor:
+    t = check_tensor(name, x, ndim=2)
+    if t.is_floating_point() or t.dtype == torch.bool:
+        raise ShapeError(f"{name}: expected an integer dtype, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ShapeError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+    return t
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """B = G*K responses to G prompts, K samples each, with everything the loss may need.
+
+    Attributes:
+        prompt_ids: ``[B, P]`` left-padded prompt token ids.
+        prompt_mask: ``[B, P]`` boolean, True on real prompt tokens.
+        response_ids: ``[B, T]`` right-padded response token ids.
+        mask: ``[B, T]`` boolean response mask.
+        rewards: ``[B]`` float sequence rewards (row-major over groups).
+        group_size: K, samples per prompt; ``B % K == 0``.
+        logp_old: ``[B, T]`` behaviour log-probs (from the rollout engine), or None.
+        logp: ``[B, T]`` current-policy log-probs (no gradient), or None.
+        logp_ref: ``[B, T]`` reference-model log-probs, or None.
+        logp_teacher: ``[B, T]`` teacher-model log-probs, or None.
+        advantages: ``[B, T]`` per-token advantages once computed, or None.
+
+    Raises:
+        ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
+        DomainError: non-finite rewards or log-probs on valid tokens, a row with no prompt token.
+
+    Example:
+        >>> b = RolloutBatch(
+        ...     prompt_ids=torch.ones(4, 3, dtype=torch.long), prompt_mask=torch.ones(4, 3, dtype=torch.bool),
+        ...     response_ids=torch.ones(4, 2, dtype=torch.long), mask=torch.ones(4, 2, dtype=torch.bool),
+        ...     rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=2)
+        >>> b.num_groups, b.grouped_rewards().tolist()
+        (2, [[1.0, 0.0], [0.0, 1.0]])
+    """
+
+    prompt_ids: Int[Tensor, "B P"]
+    prompt_mask: Bool[Tensor, "B P"]
+    response_ids: Int[Tensor, "B T"]
+    mask: Bool[Tensor, "B T"]
+    rewards: Float[Tensor, " B"]
+    group_size: int
+    logp_old: Float[Tensor, "B T"] | None = None
+    logp: Float[Tensor, "B T"] | None = None
+    logp_ref: Float[Tensor, "B T"] | None = None
+    logp_teacher: Float[Tensor, "B T"] | None = None
+    advantages: Float[Tensor, "B T"] | None = None
+
+    def __post_init__(self) -> None:
+        prompt = _check_ids("prompt_ids", self.prompt_ids)
+        b = prompt.shape[0]
+        check_mask("prompt_mask", self.prompt_mask, prompt.shape)
+        resp = _check_ids("response_ids", self.response_ids)
+        if resp.shape[0] != b:
+            raise ShapeError(f"response_ids: expected {b} rows (the rows of prompt_ids), got {resp.shape[0]}")
+        check_mask("mask", self.mask, resp.shape)
+        check_float("rewards", self.rewards, ndim=1)
+        if self.rewards.shape[0] != b:
+            raise ShapeError(f"rewards: expected shape [{b}], got {list(self.rewards.shape)}")
+        check_finite("rewards", self.rewards)
+        k = self.group_size
+        if not isinstance(k, int) or k < 1 or b % k != 0:
+            raise ShapeError(f"group_size: expected a positive divisor of B={b}, got {k!r}")
+        if b and not bool(self.prompt_mask.any(dim=-1).all()):
+            raise DomainError("prompt_mask: every row needs at least one prompt token")
+        for name in (*LOGP_FIELDS, "advantages"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            check_float(name, value, ndim=2)
+            if tuple(value.shape) != tuple(resp.shape):
+                raise ShapeError(
+                    f"{name}: expected shape {list(resp.shape)} (the shape of mask), got {list(value.shape)}"
+                )
+            check_finite(name, torch.where(self.mask, value.detach(), torch.zeros((), dtype=value.dtype)))
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of responses."""
+        return int(self.response_ids.shape[0])
+
+    @property
+    def num_groups(self) -> int:
+        """G, the number of prompts."""
+        return self.batch_size // self.group_size
+
+    def grouped_rewards(self) -> Float[Tensor, "G K"]:
+        """Rewards as ``[G, K]``."""
+        return self.rewards.reshape(self.num_groups, self.group_size)
+
+    def input_ids(self) -> Int[Tensor, "B L"]:
+        """Prompt and response concatenated, ``[B, P + T]``."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    def attention_mask(self) -> Bool[Tensor, "B L"]:
+        """Boolean mask over ``input_ids()``: real prompt and response tokens."""
+        return torch.cat([self.prompt_mask, self.mask], dim=1)
+
+    def replace(self, **fields: Any) -> RolloutBatch:
+        """A copy with some fields replaced (validated again)."""
+        return dataclasses.replace(self, **fields)
+
+    def rows(self, start: int, stop: int) -> RolloutBatch:
+        """Rows ``[start, stop)`` as a batch; the bounds must fall on group boundaries."""
+        k = self.group_size
+        if start % k or stop % k or not 0 <= start < stop <= self.batch_size:
+            raise DomainError(
+                f"rows: [{start}, {stop}) must be a non-empty range of whole groups of {k} in [0, {self.batch_size}]"
+            )
+        sl = slice(start, stop)
+        fields: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            fields[f.name] = value[sl] if isinstance(value, Tensor) else value
+        return RolloutBatch(**fields)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch with every tensor moved to ``device``."""
+        moved = {
+            f.name: (
+                getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor) else getattr(self, f.name)
+            )
+            for f in dataclasses.fields(self)
+        }
+        return RolloutBatch(**moved)

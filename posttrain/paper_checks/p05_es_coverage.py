@@ -1,0 +1,230 @@
+"""Paper 05: ES keeps reasoning coverage where GRPO collapses (Ba et al. 2026, arXiv:2608.27351).
+
+Claim: with matched compute (N = 4G), ES raises Pass@1 about as much as GRPO, while GRPO's entropy
+collapses and its large-K Pass@K falls below both ES and the base policy; sequential
+compositions land in between; thresholding away half of ES's smallest coordinate changes keeps
+its gain. Secondary: Lemma 1's small-sigma expansion of the policy JS diversity.
+
+Toy (spec 05 §7, our design): the multi-path verifier bandit of
+:mod:`posttrain.simulators.es_toys` (J = 8 paths, types A/B with P(A) = 0.8, q = 0.6, fixed base
+logits, shared trainable bias and nuisance-feature matrix). GRPO: 200 Adam steps, B = 32, G = 8.
+ES: 200 steps, N = 32, sigma = 0.5, alpha = 0.1, greedy fitness on the step's 32 prompts,
+z-scored, members evaluated in one batched matmul. Metrics are exact on a 2048-prompt test pool at
+T_eval = 0.6.
+
+Simplifications: one-step "responses" (no tokens), exact softmax gradients, no KL term, no clipping
+(one update per batch, ratio 1); GRPO advantages use the Bessel std (a constant rescaling that
+Adam removes; the spec says population std). "Every seed" / ">= 4/5 seeds" criteria are asserted
+as order statistics of the per-seed differences (see ``_seeds.py``); the per-seed numbers are in
+the metrics. Not asserted (unreachable in this toy, reported): ES Pass@64 >= Base Pass@64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.estimators.es import threshold_update
+from posttrain.paper_checks import register_check
+from posttrain.paper_checks._seeds import seedwise
+from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
+from posttrain.simulators.es_toys import BanditArms, BanditParams, BanditSetup
+from posttrain.theory.es_coverage import (
+    categorical_entropy,
+    exact_pass_at_k,
+    expected_policy_js,
+    policy_js_diversity,
+    softmax_fisher_trace,
+)
+
+__all__ = ["Config", "arm_metrics", "lemma1_ratios", "run"]
+
+
+@dataclass(frozen=True)
+class Config(BanditSetup):
+    t_eval: float = 0.6
+    ks: tuple[int, ...] = (1, 2, 4, 16, 64)
+    threshold_fraction: float = 0.5
+    sequential: bool = True
+    lemma_sigmas: tuple[float, ...] = (0.1, 0.03, 0.01)
+    lemma_populations: tuple[int, ...] = (2, 8, 32)
+    lemma_draws: int = 4000
+    margin_reason: str = "spec 05 §7 pass criteria (calibrated effect sizes 1.5-3x the margins)"
+
+    @classmethod
+    def smoke(cls) -> Config:
+        return cls(seeds=2, n_train=1024, n_test=512, steps=60, lemma_draws=500, sequential=False)
+
+
+def arm_metrics(arms: BanditArms, name: str, *, t_eval: float, ks: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """Exact test-pool pass@k (``"pass@k"``) and mean policy entropy (``"entropy"``) per seed."""
+    return _metrics(arms, arms.arms[name], t_eval=t_eval, ks=ks)
+
+
+def _metrics(arms: BanditArms, params: BanditParams, *, t_eval: float, ks: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    p = arms.test.success(params, temperature=t_eval)  # [S, X]
+    out = {f"pass@{k}": exact_pass_at_k(p, k=k).mean(-1) for k in ks}
+    out["entropy"] = categorical_entropy(torch.softmax(arms.test.logits(params) / t_eval, dim=-1)).mean(-1)
+    return out
+
+
+def _thresholded(es: BanditParams, base: BanditParams, fraction: float) -> BanditParams:
+    """Zero the ``fraction`` smallest-|delta| changed coordinates of each seed's ES delta."""
+    out: dict[str, list[torch.Tensor]] = {n: [] for n in es}
+    for s in range(es["b"].shape[0]):
+        one = {n: t[s] for n, t in es.items()}
+        ref = {n: t[s] for n, t in base.items()}
+        delta = torch.cat([(one[n] - ref[n]).abs().reshape(-1) for n in one])
+        tau = float(torch.quantile(delta[delta > 0], fraction))
+        for n, t in threshold_update(one, ref, tau=tau).items():
+            out[n].append(t)
+    return {n: torch.stack(v) for n, v in out.items()}
+
+
+def lemma1_ratios(
+    *, sigmas: tuple[float, ...], populations: tuple[int, ...], draws: int, seed: int = 0, n_arms: int = 8
+) -> dict[tuple[float, int], float]:
+    r"""Monte-Carlo mean of :math:`\mathrm{JS}^{pol}_N` over ``draws`` populations / Lemma 1's leading term.
+
+    Softmax bandit with logits :math:`\theta\sim\mathcal N(0, I_8)`, members :math:`\theta+\sigma\varepsilon_i`;
+    :math:`\operatorname{tr}\mathcal I = 1-\sum_j\pi_j^2` w.r.t. the logits.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    theta = torch.randn(n_arms, generator=gen, dtype=torch.float64)
+    trace = softmax_fisher_trace(torch.softmax(theta, -1))
+    out = {}
+    for sigma in sigmas:
+        for n in populations:
+            eps = torch.randn(draws, n, n_arms, generator=gen, dtype=torch.float64)
+            js = policy_js_diversity(torch.softmax(theta + sigma * eps, dim=-1))  # [draws]
+            out[(sigma, n)] = float(js.mean() / expected_policy_js(trace, sigma=sigma, population=n))
+    return out
+
+
+def run(config: Config) -> Result:
+    names = ("base", "grpo", "es", "es_expected") + (("es_then_grpo", "grpo_then_es") if config.sequential else ())
+    arms = config.train_arms(names)
+    m = {a: arm_metrics(arms, a, t_eval=config.t_eval, ks=config.ks) for a in names}
+    thr = _metrics(
+        arms, _thresholded(arms.arms["es"], arms.arms["base"], config.threshold_fraction), t_eval=config.t_eval, ks=(1,)
+    )
+
+    def vals(t: torch.Tensor) -> tuple[float, ...]:
+        return tuple(float(x) for x in t)
+
+    kmax = f"pass@{max(config.ks)}"
+    metrics = [Metric(f"{a} {key}", vals(v)) for a in names for key, v in m[a].items()]
+    metrics.append(
+        Metric(
+            "es thresholded pass@1",
+            vals(thr["pass@1"]),
+            note=f"{config.threshold_fraction:.0%} smallest |delta| zeroed",
+        )
+    )
+    delta_norm = {
+        a: torch.stack([(arms.arms[a][n] - arms.arms["base"][n]).flatten(1).square().sum(1) for n in ("b", "W")])
+        .sum(0)
+        .sqrt()
+        for a in ("es", "grpo")
+    }
+    metrics.append(
+        Metric(
+            "||delta_ES|| / ||delta_GRPO||",
+            vals(delta_norm["es"] / delta_norm["grpo"]),
+            paper_value=40.7,
+            note="paper: relative L2 drift ratio, Qwen-1.5B",
+        )
+    )
+    for (sigma, n), r in lemma1_ratios(
+        sigmas=config.lemma_sigmas, populations=config.lemma_populations, draws=config.lemma_draws
+    ).items():
+        metrics.append(Metric(f"Lemma 1 ratio sigma={sigma} N={n}", (r,), paper_value=1.0))
+
+    d = {a: {k: v.numpy() for k, v in m[a].items()} for a in names}
+    es, grpo, base = d["es"], d["grpo"], d["base"]
+    reason = config.margin_reason
+    comps = [
+        seedwise("ES - Base Pass@1", es["pass@1"] - base["pass@1"], margin=0.10, margin_reason=reason),
+        seedwise(f"ES - GRPO {kmax}", es[kmax] - grpo[kmax], margin=0.05, margin_reason=reason),
+        Comparison(
+            f"ES - GRPO {kmax} (mean)", vals(m["es"][kmax] - m["grpo"][kmax]), margin=0.08, margin_reason=reason
+        ),
+        seedwise(f"Base - GRPO {kmax}", base[kmax] - grpo[kmax], margin=0.10, margin_reason=reason),
+        seedwise("0.5 H_Base - H_GRPO", 0.5 * base["entropy"] - grpo["entropy"], margin=0.0, margin_reason=reason),
+        seedwise("H_ES - H_GRPO", es["entropy"] - grpo["entropy"], margin=0.2, margin_reason=reason, fraction=0.8),
+        seedwise(
+            "0.05 - |ES - GRPO| Pass@1", 0.05 - abs(es["pass@1"] - grpo["pass@1"]), margin=0.0, margin_reason=reason
+        ),
+    ]
+    comps += [
+        seedwise(
+            f"ES - GRPO pass@{k}", es[f"pass@{k}"] - grpo[f"pass@{k}"], margin=0.0, margin_reason=reason, fraction=0.8
+        )
+        for k in config.ks
+        if k > 1
+    ]
+    secondary = "secondary criterion (spec 05 §7: 6-7), reported"
+    if config.sequential:
+        lo, hi = (
+            [min(a, b) for a, b in zip(es[kmax], grpo[kmax], strict=True)],
+            [max(a, b) for a, b in zip(es[kmax], grpo[kmax], strict=True)],
+        )
+        for arm in ("es_then_grpo", "grpo_then_es"):
+            inside = [0.02 + min(x - a, b - x) for x, a, b in zip(d[arm][kmax], lo, hi, strict=True)]
+            comps.append(
+                seedwise(
+                    f"{arm} {kmax} within [GRPO, ES] +-0.02",
+                    inside,
+                    margin=0.0,
+                    margin_reason=secondary,
+                    fraction=0.8,
+                    asserted=False,
+                )
+            )
+    comps.append(
+        seedwise(
+            "0.01 - |thresholded - ES| Pass@1",
+            0.01 - abs(thr["pass@1"].numpy() - es["pass@1"]),
+            margin=0.0,
+            margin_reason=secondary,
+            asserted=False,
+        )
+    )
+    comps.append(
+        Comparison(
+            f"ES - Base {kmax}",
+            vals(m["es"][kmax] - m["base"][kmax]),
+            margin=0.0,
+            margin_reason="paper's claim; unreachable in this toy (spec 05 §7), reported",
+            asserted=False,
+        )
+    )
+    comps.append(
+        Comparison(
+            "ES(expected fitness) - ES(greedy) Pass@1",
+            vals(m["es_expected"]["pass@1"] - m["es"]["pass@1"]),
+            margin=0.0,
+            margin_reason="ablation, reported",
+            asserted=False,
+        )
+    )
+    worst_lemma = max(abs(mt.per_seed[0] - 1.0) for mt in metrics if mt.name.startswith("Lemma 1"))
+    return Result(
+        metrics=tuple(metrics),
+        comparisons=tuple(comps),
+        notes=f"max |Lemma-1 ratio - 1| = {worst_lemma:.3f} (spec: within 0.05 at {config.lemma_draws} draws)",
+        extra={"lemma1_max_abs_error": worst_lemma if math.isfinite(worst_lemma) else float("nan")},
+    )
+
+
+register_check(
+    PaperCheck(
+        id="05",
+        paper="Ba et al. 2026, Understanding Evolution Strategies for LLM Reasoning, arXiv:2608.27351",
+        claim="ES keeps large-K Pass@K above GRPO (whose entropy collapses) at matched Pass@1",
+        config_type=Config,
+        run=run,
+    )
+)

@@ -1,0 +1,208 @@
+"""A generic toy training loop: sample, score, advantages, log-probs, loss, step, exact metrics.
+
+The loop calls the same estimator functions as the LLM trainer. It never looks at a method's
+name: a method is an :class:`EstimatorBundle` of three callables:
+
+- ``advantage(rewards [G, K], uniforms [G, K]) -> [G, K]`` (or ``[G, K, T]`` per token); the
+  uniforms come from a stream of their own, for estimators that resample (PAFT), so methods
+  that ignore them still see the same rollouts for the same seed;
+- ``policy_loss(logp [B, T], logp_old [B, T], advantages [B] | [B, T], mask [B, T]) -> (loss [B, T], diagnostics)``;
+- ``aggregation``: a mode of :func:`posttrain.estimators.aggregate`, applied per seed.
+
+Seeds run side by side: parameters carry a leading seed axis ``[S, ...]``; sampling and
+advantages are batched over seeds by flattening (seed, prompt) into the group axis; the reduction
+to one scalar per seed is :func:`aggregate_per_seed`. Since the per-seed losses are
+summed, each seed's parameters get exactly their own gradient; with an elementwise optimiser
+(SGD, Adam) the seeds stay independent, and seed ``s`` gives identical numbers alone or in a batch.
+
+Simplifications: one on-policy update per batch (``logp_old = logp.detach()``, so ratios are 1),
+every prompt is used at every step, no KL term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.errors import DomainError
+from posttrain.estimators import AggregationMode, get_advantage, get_policy_loss
+from posttrain.simulators._base import SeedRNG, ToyEnv
+
+__all__ = ["EstimatorBundle", "TrainLog", "aggregate_per_seed", "bundle", "train", "train_step"]
+
+AdvantageFn = Callable[[Tensor, Tensor], Tensor]
+PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Any]]
+OptimizerFactory = Callable[[list[Tensor]], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class EstimatorBundle:
+    """A method for the toy loop: advantage function, per-token policy loss, aggregation mode."""
+
+    advantage: AdvantageFn
+    policy_loss: PolicyLossFn
+    aggregation: AggregationMode | str = AggregationMode.TOKEN_MEAN
+
+
+def bundle(
+    advantage: str | AdvantageFn,
+    policy_loss: str | PolicyLossFn = "ppo_clip",
+    aggregation: AggregationMode | str = AggregationMode.TOKEN_MEAN,
+    **advantage_kwargs: Any,
+) -> EstimatorBundle:
+    """Build a bundle from registered names (resolved here, at the edge) or callables.
+
+    A registered advantage ``f(rewards, **kw)`` is wrapped to ignore the uniforms.
+
+    Example:
+        >>> b = bundle("grpo")
+        >>> b.advantage(torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2)).shape
+        torch.Size([1, 2])
+    """
+    if isinstance(advantage, str):
+        fn = get_advantage(advantage)
+
+        def adv(rewards: Tensor, uniforms: Tensor) -> Tensor:
+            return fn(rewards, **advantage_kwargs)  # type: ignore[no-any-return]
+
+        advantage_fn: AdvantageFn = adv
+    else:
+        advantage_fn = advantage
+    loss_fn = get_policy_loss(policy_loss) if isinstance(policy_loss, str) else policy_loss
+    return EstimatorBundle(advantage_fn, loss_fn, aggregation)
+
+
+def aggregate_per_seed(
+    values: Float[Tensor, "S B T"], mask: Bool[Tensor, "S B T"], mode: AggregationMode | str
+) -> Float[Tensor, " S"]:
+    """:func:`~posttrain.estimators.aggregate` applied to each seed's ``[B, T]`` slice, batched (tested equal).
+
+    Example:
+        >>> v = torch.tensor([[[1.0, 3.0]], [[2.0, 0.0]]])
+        >>> aggregate_per_seed(v, torch.tensor([[[True, True]], [[True, False]]]), "token-mean").tolist()
+        [2.0, 2.0]
+    """
+    m = AggregationMode.parse(mode)
+    masked = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    if m is AggregationMode.TOKEN_MEAN:
+        return masked.sum((1, 2)) / mask.count_nonzero((1, 2)).clamp(min=1).to(values.dtype)
+    if m is AggregationMode.TOKEN_SUM:
+        return masked.sum((1, 2))
+    row_sum, counts = masked.sum(-1), mask.count_nonzero(-1)
+    n_rows = counts.count_nonzero(-1).clamp(min=1).to(values.dtype)
+    if m is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
+        return (row_sum / counts.clamp(min=1).to(values.dtype)).sum(-1) / n_rows
+    if m is AggregationMode.SEQ_MEAN_TOKEN_SUM:
+        return row_sum.sum(-1) / n_rows
+    return row_sum.sum(-1) / (n_rows * values.shape[-1])
+
+
+@dataclass(frozen=True)
+class TrainLog:
+    """Per-step exact metrics and first-hitting steps.
+
+    Attributes:
+        metrics: name -> ``[steps_run + 1, S]`` (row 0 is before the first update).
+        first_hit: ``[S]`` first step at which ``stop_when`` held (``-1`` if never; only with ``stop_when``).
+        steps_run: number of updates performed.
+        params: final parameters ``[S, ...]`` (detached).
+    """
+
+    metrics: dict[str, Tensor]
+    first_hit: Tensor
+    steps_run: int
+    params: Tensor
+
+
+def train_step(
+    env: ToyEnv,
+    theta: Tensor,
+    opt: torch.optim.Optimizer,
+    method: EstimatorBundle,
+    *,
+    k: int,
+    sample_rng: SeedRNG,
+    est_rng: SeedRNG,
+) -> Tensor:
+    """One on-policy update of ``theta [S, G, ...]`` (a leaf with ``requires_grad``); returns the per-seed losses ``[S]``."""
+    s = theta.shape[0]
+    with torch.no_grad():  # generate + score
+        roll = env.sample(theta.detach(), k, sample_rng)
+    g, t = roll.rewards.shape[-2], roll.tokens.shape[-1]
+    uniforms = est_rng.rand(g, k, dtype=roll.rewards.dtype)
+    with torch.no_grad():  # advantages, batched over (seed, prompt) groups
+        adv = method.advantage(roll.rewards.reshape(s * g, k), uniforms.reshape(s * g, k))
+    adv = adv.reshape(s * g * k, *adv.shape[2:])
+    logp = env.token_logp(theta, roll.tokens).reshape(s * g * k, t)  # log-probs with gradient
+    mask = roll.mask.reshape(s * g * k, t)
+    loss_tok, _ = method.policy_loss(logp, logp.detach(), adv, mask)
+    per_seed = aggregate_per_seed(loss_tok.reshape(s, g * k, t), mask.reshape(s, g * k, t), method.aggregation)
+    opt.zero_grad(set_to_none=True)
+    per_seed.sum().backward()
+    opt.step()
+    return per_seed.detach()
+
+
+def train(
+    env: ToyEnv,
+    params: Tensor,
+    method: EstimatorBundle,
+    optimizer: OptimizerFactory,
+    *,
+    steps: int,
+    k: int,
+    seeds: Sequence[int] | int,
+    stop_when: Callable[[dict[str, Tensor]], Tensor] | None = None,
+) -> TrainLog:
+    """Run ``steps`` on-policy updates of ``params [S, G, ...]`` with ``k`` samples per prompt.
+
+    Args:
+        env: a :class:`~posttrain.simulators._base.ToyEnv` (bandit, tabular, ...).
+        params: initial parameters with a leading seed axis ``[S, G, ...]`` (copied, not mutated).
+        method: the :class:`EstimatorBundle`.
+        optimizer: ``lambda ps: torch.optim.SGD(ps, lr=...)``; must act elementwise to keep seeds independent.
+        steps: maximum number of updates.
+        k: samples per prompt (the group size K).
+        seeds: the seeds (or their count), one per row of ``params``; sampling uses stream 0,
+            the estimator uniforms stream 1.
+        stop_when: ``metrics -> Bool [S]``; a seed's first step where it holds is recorded and
+            the loop stops when it has held for every seed (its later updates are not needed).
+
+    Returns:
+        A :class:`TrainLog`.
+    """
+    sample_rng = SeedRNG.from_seeds(seeds, stream=0)
+    est_rng = SeedRNG.from_seeds(seeds, stream=1)
+    s = len(sample_rng)
+    if params.shape[0] != s:
+        raise DomainError(f"params: expected a leading seed axis of {s}, got shape {list(params.shape)}")
+    if steps < 0 or k < 1:
+        raise DomainError(f"steps, k: expected steps >= 0 and k >= 1, got {steps}, {k}")
+    theta = params.detach().clone().requires_grad_(True)
+    opt = optimizer([theta])
+    history: dict[str, list[Tensor]] = {}
+    first_hit = torch.full((s,), -1, dtype=torch.long)
+
+    def log(step: int) -> bool:
+        m = env.exact_metrics(theta.detach())
+        for name, v in m.items():
+            history.setdefault(name, []).append(v)
+        if stop_when is None:
+            return False
+        hit = stop_when(m) & (first_hit < 0)
+        first_hit[hit] = step
+        return bool((first_hit >= 0).all())
+
+    done = log(0)
+    step = 0
+    while not done and step < steps:
+        step += 1
+        train_step(env, theta, opt, method, k=k, sample_rng=sample_rng, est_rng=est_rng)
+        done = log(step)
+    metrics = {name: torch.stack(vals) for name, vals in history.items()}
+    return TrainLog(metrics, first_hit, step, theta.detach())

@@ -1,0 +1,114 @@
+r"""Spectral contextual bandit (spec 17's toy): a linear softmax policy whose base weight has a
+dominant spectral subspace, trained by GRPO; batched over runs (a leading axis ``R``).
+
+Base :math:`W_0 = U\,\mathrm{diag}(s)\,V^\top` (``[m, n]``, actions x input dims), inputs
+:math:`x = V_{:,C}\,c + \sigma\xi`, teacher :math:`W^\star = W_0 + U_{:,:r_0} M^\star V_{:,:r_0}^\top`,
+correct action :math:`y^\star(x) = \arg\max W^\star x`, policy :math:`\pi_W(y|x) = \mathrm{softmax}(Wx)`.
+The exact held-out success :math:`\mathrm{acc}(W) = \mathbb{E}_x\,\pi_W(y^\star(x)|x)` is computed on
+a fixed input set next to the sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
+from posttrain.estimators.optim import adamw_init, adamw_update
+
+__all__ = ["SpectralTask", "accuracy", "make_spectral_task", "sample_inputs", "train_grpo"]
+
+
+@dataclass(frozen=True)
+class SpectralTask:
+    """Per-run tensors: ``w0 [R, m, n]``, ``teacher [R, m, n]``, ``frame [R, n, m]`` (V with the columns outside the input set C zeroed)."""
+
+    w0: Tensor
+    teacher: Tensor
+    frame: Tensor
+    u: Tensor
+    v: Tensor
+
+
+def make_spectral_task(
+    seed: int,
+    *,
+    m: int = 32,
+    n: int = 64,
+    r0: int = 8,
+    s_hi: float = 3.0,
+    s_lo: float = 0.3,
+    teacher_scale: float = 1.5,
+    columns: tuple[int, ...] = tuple(range(8)),
+    teacher_columns: tuple[int, ...] | None = None,
+    teacher_seed: int | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> SpectralTask:
+    """One task (unbatched: add the run axis with :func:`torch.stack`). ``teacher_columns`` restricts
+    the nonzero columns of :math:`M^\\star` (merging experts); inputs live on ``columns``; ``teacher_seed``
+    draws :math:`M^\\star` from its own generator (same base, independent teachers)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=dtype)).Q
+    v = torch.linalg.qr(torch.randn(n, m, generator=g, dtype=dtype)).Q
+    s = torch.cat([torch.full((r0,), s_hi, dtype=dtype), torch.full((m - r0,), s_lo, dtype=dtype)])
+    w0 = u @ torch.diag(s) @ v.T
+    gt = g if teacher_seed is None else torch.Generator().manual_seed(teacher_seed)
+    mstar = teacher_scale * torch.randn(r0, r0, generator=gt, dtype=dtype)
+    if teacher_columns is not None:
+        keep = torch.zeros(r0, dtype=torch.bool)
+        keep[list(teacher_columns)] = True
+        mstar = mstar * keep.to(dtype)
+    teacher = w0 + u[:, :r0] @ mstar @ v[:, :r0].T
+    on = torch.zeros(m, dtype=dtype)
+    on[list(columns)] = 1.0
+    return SpectralTask(w0, teacher, v * on, u, v)  # frame: V with the columns outside C zeroed
+
+
+def sample_inputs(frame: Tensor, count: int, *, noise: float, generator: torch.Generator) -> Tensor:
+    """Inputs ``[R, count, n]``: :math:`x = F c + \\sigma \\xi` with ``frame F [R, n, |C|]``."""
+    r, n, c = frame.shape
+    coef = torch.randn(r, count, c, generator=generator, dtype=frame.dtype)
+    xi = torch.randn(r, count, n, generator=generator, dtype=frame.dtype)
+    return coef @ frame.mT + noise * xi
+
+
+def accuracy(w: Tensor, teacher: Tensor, x: Tensor) -> Tensor:
+    r"""Exact success :math:`\frac1N\sum_i \pi_W(y^\star(x_i)|x_i)` per run, ``[R]``, for ``x [R, N, n]``."""
+    target = torch.argmax(x @ teacher.mT, dim=-1, keepdim=True)
+    return torch.softmax(x @ w.mT, dim=-1).gather(-1, target).squeeze(-1).mean(-1)
+
+
+def train_grpo(
+    task: SpectralTask,
+    *,
+    updates: int = 300,
+    batch: int = 64,
+    group: int = 8,
+    lr: float = 0.01,
+    noise: float = 0.3,
+    generator: torch.Generator,
+) -> Tensor:
+    """GRPO (group-normalised advantages, on-policy ratio-1 PPO loss = vanilla policy gradient, token mean)
+    with Adam ascent from ``w0``, all runs at once; returns the trained ``W [R, m, n]``."""
+    w = task.w0.clone()
+    state = adamw_init([w])
+    r = w.shape[0]
+    for _ in range(updates):
+        x = sample_inputs(task.frame, batch, noise=noise, generator=generator)  # [R, batch, n]
+        target = torch.argmax(x @ task.teacher.mT, dim=-1)
+        leaf = w.detach().requires_grad_(True)
+        logits = (x @ leaf.mT).repeat_interleave(group, dim=1)  # [R, batch*group, m]
+        u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype).clamp_min(1e-300)
+        act = torch.argmax(logits.detach() - torch.log(-torch.log(u)), dim=-1)
+        logp = torch.log_softmax(logits, -1).gather(-1, act.unsqueeze(-1)).reshape(-1, 1)
+        reward = (act == target.repeat_interleave(group, dim=1)).to(w.dtype)
+        adv = group_normalized_advantages(reward.reshape(-1, group)).reshape(-1)
+        mask = torch.ones_like(logp, dtype=torch.bool)
+        loss, _ = clipped_ratio_loss(logp, logp.detach(), adv, mask)
+        (grad,) = torch.autograd.grad(aggregate(loss, mask, "token-mean") * r, [leaf])
+        with torch.no_grad():
+            (up,), state = adamw_update([grad], state, [w], lr=lr, weight_decay=0.0)
+            w = w + up
+    return w

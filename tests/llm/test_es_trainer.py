@@ -1,0 +1,78 @@
+"""ES fine-tuning of the tiny causal LM in place: the update by hand, training, gloo = one process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from posttrain.estimators.es import es_step, evolution_strategy
+from posttrain.llm.es_trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
+from posttrain.llm.tasks import make_task
+
+
+def _target_logp(model: Any, tokenizer: Any) -> Callable[[int], float]:
+    """A smooth fitness: mean log-probability of the answer tokens of ``12+34=46`` (teacher forcing)."""
+    ids = torch.tensor([tokenizer("12+34=46")["input_ids"]])
+
+    def fitness(step: int) -> float:
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        return float(logp[-2:].mean())
+
+    return fitness
+
+
+def test_one_step_equals_the_estimator_by_hand(tiny: tuple[Any, Any]) -> None:
+    model, tok = tiny
+    params = trainable_params(model)
+    assert "lm_head.weight" not in params  # tied to the embedding: perturbed once
+    before = {k: v.detach().clone() for k, v in params.items()}
+    fitness = generation_fitness(model, tok, make_task("addition"), prompts_per_step=4, max_new_tokens=4)
+    seen: list[float] = []
+    cfg = EsTrainConfig(population=4, sigma=0.05, lr=0.01, steps=1, seed=3)
+    logs = es_train(params, lambda s: seen.append(fitness(s)) or seen[-1], cfg)
+    pop = evolution_strategy(population=4, sigma=0.05, lr=0.01).ask(
+        evolution_strategy(population=4, sigma=0.05, lr=0.01).init(3)
+    )
+    delta = es_step(before, pop, torch.tensor(seen, dtype=torch.float64), lr=0.01)
+    for k, p in params.items():  # restore-by-subtraction drifts by rounding only
+        torch.testing.assert_close(p.detach(), before[k] + delta[k], rtol=0, atol=1e-6)
+    assert len(logs) == 1 and logs[0].noop == (len(set(seen)) == 1)
+
+
+def test_es_raises_a_smooth_fitness(tiny: tuple[Any, Any]) -> None:
+    model, tok = tiny
+    fitness = _target_logp(model, tok)
+    start = fitness(0)
+    es_train(trainable_params(model), fitness, EsTrainConfig(population=8, sigma=0.02, lr=0.03, steps=10, seed=0))
+    assert fitness(0) > start + 0.5  # measured: about +1 nat after 10 steps, +2 after 20
+
+
+def _worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: str, cfg: EsTrainConfig) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    es_train(trainable_params(model), _target_logp(model, tok), cfg)
+    if rank == 0:
+        torch.save({k: v.detach() for k, v in trainable_params(model).items()}, os.path.join(out_dir, f"w{world}.pt"))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process_bitwise(tiny_dir: Path, tmp_path: Path) -> None:
+    cfg = EsTrainConfig(population=6, sigma=0.02, lr=0.03, steps=2, seed=1)
+    _worker(0, 1, "", str(tiny_dir), str(tmp_path), cfg)
+    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tiny_dir), str(tmp_path), cfg), nprocs=2, join=True)
+    one, two = torch.load(tmp_path / "w1.pt"), torch.load(tmp_path / "w2.pt")
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)

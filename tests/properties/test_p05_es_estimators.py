@@ -1,0 +1,278 @@
+"""Spec 05 §8 / spec 10 §8: ES estimators, seeded noise, reward shaping and the update (float64 unless stated)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators.es import (
+    EsPopulation,
+    RewardShaping,
+    antithetic_gradient,
+    antithetic_population,
+    centered_rank_rewards,
+    es_direction,
+    es_gradient,
+    es_step,
+    evolution_strategy,
+    perturb_,
+    perturbed_params,
+    population_forward,
+    population_noise,
+    relative_drift,
+    restore_,
+    seeded_noise,
+    threshold_update,
+    update_sparsity,
+    zscore_rewards,
+)
+
+seeds = st.integers(0, 2**31 - 1)
+F64 = torch.float64
+
+
+def _quadratic(d: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, float]:
+    m = torch.randn(d, d, generator=g, dtype=F64)
+    return (m + m.T) / 2, torch.randn(d, generator=g, dtype=F64), float(torch.randn(1, generator=g))
+
+
+def _f(theta: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
+    """F(theta) = 1/2 theta^T A theta + b^T theta + c, batched over leading axes of theta."""
+    return 0.5 * torch.einsum("...i,ij,...j->...", theta, a, theta) + theta @ b + c
+
+
+def _pop(n: int, g: torch.Generator) -> EsPopulation:
+    return EsPopulation(torch.randint(0, 2**31 - 1, (n,), generator=g), torch.ones(n, dtype=F64))
+
+
+@given(seed=seeds, d=st.integers(1, 8), log_sigma=st.floats(-4, 1))
+def test_quadratic_antithetic_identity(seed: int, d: int, log_sigma: float) -> None:
+    """[F(theta + s eps) - F(theta - s eps)] / (2 s) = (A theta + b)^T eps exactly (up to rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    a, b, c = _quadratic(d, g)
+    theta, eps = torch.randn(d, generator=g, dtype=F64), torch.randn(1, d, generator=g, dtype=F64)
+    sigma = 10.0**log_sigma
+    est = antithetic_gradient(_f(theta + sigma * eps, a, b, c), _f(theta - sigma * eps, a, b, c), eps, sigma=sigma)
+    exact = ((a @ theta + b) @ eps[0]) * eps[0]
+    scale = (_f(theta + sigma * eps, a, b, c).abs() + 1).item() / sigma  # rounding of the difference
+    torch.testing.assert_close(est, exact, rtol=0, atol=1e-13 * scale * float(eps.abs().max()) + 1e-12)
+
+
+@settings(max_examples=5)
+@given(seed=seeds, d=st.integers(1, 8), sigma=st.sampled_from([0.1, 0.5, 1.0]))
+def test_one_point_unbiased_for_quadratic(seed: int, d: int, sigma: float) -> None:
+    """The mean of R_i eps_i / sigma over 2e4 directions is within 5 SE of grad F = A theta + b."""
+    g = torch.Generator().manual_seed(seed)
+    a, b, c = _quadratic(d, g)
+    theta = torch.randn(d, generator=g, dtype=F64)
+    eps = torch.randn(20_000, d, generator=g, dtype=F64)
+    rewards = _f(theta + sigma * eps, a, b, c)
+    est = es_gradient(rewards, eps, sigma=sigma)
+    se = (rewards[:, None] * eps / sigma).std(dim=0) / math.sqrt(eps.shape[0])
+    assert bool(((est - (a @ theta + b)).abs() <= 5 * se).all())
+
+
+def test_antithetic_converges_as_sigma_shrinks() -> None:
+    """Log-sum-exp: the antithetic estimate tends to mean (grad F^T eps) eps, error falling like sigma^2."""
+    g = torch.Generator().manual_seed(0)
+    theta, eps = torch.randn(6, generator=g, dtype=F64), torch.randn(64, 6, generator=g, dtype=F64)
+    grad = torch.softmax(theta, 0)
+    target = ((eps @ grad)[:, None] * eps).mean(0)
+    errors = []
+    for sigma in (1e-1, 1e-2, 1e-3):
+        est = antithetic_gradient(
+            torch.logsumexp(theta + sigma * eps, -1), torch.logsumexp(theta - sigma * eps, -1), eps, sigma=sigma
+        )
+        errors.append(float((est - target).norm()))
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[1] < errors[0] / 50 and errors[2] < errors[1] / 50  # O(sigma^2): x100 per decade
+
+
+@given(rewards=st.lists(st.floats(-100, 100), min_size=2, max_size=40), a=st.floats(0.1, 10), b=st.floats(-10, 10))
+def test_zscore_properties(rewards: list[float], a: float, b: float) -> None:
+    r = torch.tensor(rewards, dtype=F64)
+    z = zscore_rewards(r)
+    spread = float(r.max() - r.min())
+    if spread == 0:
+        assert bool((z == 0).all())
+        return
+    std = float((r - r.mean()).square().mean().sqrt())
+    if std < 1e-3:
+        return  # eps = 1e-8 is no longer negligible against the spread
+    assert abs(float(z.mean())) < 1e-9 and abs(float(z.square().mean().sqrt()) - 1) < 1e-6
+    tol = 2e-8 / (min(a, 1.0) * std) + 1e-12  # the 1e-8 in the denominator is the only non-invariant term
+    torch.testing.assert_close(zscore_rewards(a * r + b), z, rtol=tol, atol=1e-12)
+    torch.testing.assert_close(zscore_rewards(-a * r + b), -z, rtol=tol, atol=1e-12)
+
+
+@given(rewards=st.lists(st.integers(-5, 5), min_size=1, max_size=30))
+def test_centered_ranks_invariant_to_monotone_transforms(rewards: list[int]) -> None:
+    r = torch.tensor(rewards, dtype=F64)
+    u = centered_rank_rewards(r)
+    for transform in (torch.exp, lambda x: x**3 + x, lambda x: 7 * x - 2):
+        assert torch.equal(centered_rank_rewards(transform(r)), u)
+    assert abs(float(u.sum())) < 1e-12 and float(u.abs().max()) <= 0.5
+    if len(set(rewards)) == len(rewards) > 1:  # distinct: an evenly spaced grid on [-1/2, 1/2]
+        torch.testing.assert_close(u.sort().values, torch.linspace(-0.5, 0.5, len(rewards), dtype=F64))
+
+
+@settings(max_examples=15)
+@given(seed=seeds, n=st.integers(2, 12), a=st.floats(0.1, 10), b=st.floats(-5, 5))
+def test_update_invariances(seed: int, n: int, a: float, b: float) -> None:
+    """Affine reward maps (a > 0) and joint permutations of (seed, reward) leave the step unchanged."""
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(3, 4, generator=g, dtype=F64), "b": torch.randn(4, generator=g, dtype=F64)}
+    pop = _pop(n, g)
+    r = torch.randn(n, generator=g, dtype=F64)
+    base = es_step(params, pop, r, lr=0.3)
+    std = float((r - r.mean()).square().mean().sqrt())
+    rel = 2e-8 / (min(a, 1.0) * std) + 1e-12  # the 1e-8 in z-scoring is the only non-invariant term
+    for k, v in es_step(params, pop, a * r + b, lr=0.3).items():
+        torch.testing.assert_close(v, base[k], rtol=rel, atol=1e-14)
+    perm = torch.randperm(n, generator=g)
+    for k, v in es_step(params, EsPopulation(pop.seeds[perm], pop.signs[perm]), r[perm], lr=0.3).items():
+        torch.testing.assert_close(v, base[k], rtol=0, atol=1e-12)
+    for k, v in es_step(params, pop, r.exp(), lr=0.3, shaping=RewardShaping.CENTERED_RANKS).items():
+        torch.testing.assert_close(v, es_step(params, pop, r, lr=0.3, shaping="centered_ranks")[k], rtol=0, atol=1e-12)
+
+
+@settings(max_examples=10)
+@given(seed=seeds, n=st.integers(1, 10), antithetic=st.booleans())
+def test_seeded_update_equals_explicit_noise(seed: int, n: int, antithetic: bool) -> None:
+    """The decomposed update from seeds equals (alpha/P) sum_i z_i s_i eps_i with materialised noise."""
+    g = torch.Generator().manual_seed(seed)
+    params = {"layer.w": torch.randn(5, 3, generator=g, dtype=F64), "layer.b": torch.randn(3, generator=g, dtype=F64)}
+    pop = antithetic_population(_pop(n, g).seeds) if antithetic else _pop(n, g)
+    r = torch.randn(pop.seeds.shape[0], generator=g, dtype=F64)
+    step = es_step(params, pop, r, lr=0.05)
+    z = zscore_rewards(r)
+    for name, p in params.items():
+        noise = population_noise(pop, name, p.shape, dtype=F64)  # [P, *shape], signs applied
+        explicit = 0.05 * torch.einsum("p,p...->...", z, noise) / pop.seeds.shape[0]
+        torch.testing.assert_close(step[name], explicit, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=10)
+@given(seed=seeds, n=st.integers(2, 12), workers=st.integers(1, 4))
+def test_sharded_directions_sum_to_the_full_direction(seed: int, n: int, workers: int) -> None:
+    """Members split across W workers: the shard directions, weighted by shard size, add up to the full one."""
+    g = torch.Generator().manual_seed(seed)
+    params = {"w": torch.randn(4, 2, generator=g, dtype=F64)}
+    pop = _pop(n, g)
+    w = torch.randn(n, generator=g, dtype=F64)
+    full = es_direction(params, pop, w)["w"]
+    total = torch.zeros_like(full)
+    for shard in torch.arange(n).chunk(workers):
+        part = es_direction(params, EsPopulation(pop.seeds[shard], pop.signs[shard]), w[shard])["w"]
+        total += part * shard.numel() / n
+    torch.testing.assert_close(total, full, rtol=1e-12, atol=1e-14)
+
+
+def test_all_equal_rewards_are_an_exact_noop() -> None:
+    es = evolution_strategy(population=6, sigma=0.1, lr=0.5)
+    params = {"w": torch.randn(3, 3, dtype=torch.float32)}
+    new, state = es.update(params, es.ask(es.init(3)), torch.full((6,), 0.7), es.init(3))
+    assert torch.equal(new["w"], params["w"]) and state.step == 1
+
+
+@given(seed=seeds, sigma=st.floats(1e-4, 1.0))
+def test_perturb_restore_roundtrip(seed: int, sigma: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(50, generator=g, dtype=F64)
+    p64 = {"w": theta.clone()}
+    perturb_(p64, seed, sigma=sigma)
+    assert not torch.equal(p64["w"], theta)
+    restore_(p64, seed, sigma=sigma)
+    torch.testing.assert_close(p64["w"], theta, rtol=1e-12, atol=1e-12 * sigma)
+    for dtype, ulps in ((torch.float32, 1.0), (torch.bfloat16, 1.0)):
+        p = {"w": theta.to(dtype)}
+        start = p["w"].clone()
+        perturb_(p, seed, sigma=sigma)
+        restore_(p, seed, sigma=sigma)
+        eps = seeded_noise(seed, "w", theta.shape, dtype=dtype).double()
+        ulp = torch.finfo(dtype).eps * (start.double().abs() + sigma * eps.abs())
+        assert bool(((p["w"].double() - start.double()).abs() <= 2 * ulps * ulp).all())
+
+
+def test_noise_is_a_pure_function_and_name_mixed() -> None:
+    a1, a2 = seeded_noise(11, "layer0.weight", (100, 100)), seeded_noise(11, "layer0.weight", (100, 100))
+    other_seed = seeded_noise(12, "layer0.weight", (100, 100))
+    same_shape = seeded_noise(11, "layer1.weight", (100, 100))
+    assert torch.equal(a1, a2) and not torch.equal(a1, other_seed)
+    corr = torch.corrcoef(torch.stack([a1.flatten(), same_shape.flatten()]))[0, 1]
+    assert abs(float(corr)) < 0.05
+    # the original scripts' seeding: same-shaped tensors get identical noise
+    assert torch.equal(
+        seeded_noise(11, "layer0.weight", (100, 100), mix_names=False),
+        seeded_noise(11, "layer1.weight", (100, 100), mix_names=False),
+    )
+    assert seeded_noise(1, "w", (3,), dtype=torch.float64).dtype == torch.float64
+    assert seeded_noise(1, "w", (3,), dtype=torch.bfloat16).dtype == torch.float32
+
+
+def test_ask_is_deterministic_and_steps_differ() -> None:
+    es = evolution_strategy(population=8, sigma=0.1, lr=0.1, antithetic=True)
+    s0 = es.init(5)
+    p0, p0b = es.ask(s0), es.ask(s0)
+    assert torch.equal(p0.seeds, p0b.seeds) and p0.seeds.shape == (8,)
+    assert torch.equal(p0.seeds[0::2], p0.seeds[1::2]) and torch.equal(p0.signs, torch.tensor([1.0, -1.0] * 4))
+    assert not torch.equal(es.ask(s0._replace(step=1)).seeds, p0.seeds)
+
+
+def test_batched_members_match_in_place_perturbation() -> None:
+    """vmap(functional_call) over batched weights equals perturbing the module in place, member by member."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()
+    x = torch.randn(5, 4, dtype=F64)
+    pop = antithetic_population(torch.tensor([3, 9, 27]))
+    params = dict(net.named_parameters())
+    batched = perturbed_params(params, pop, sigma=0.05)
+    out = population_forward(net, batched, x)  # [P, 5, 2]
+    before = {k: v.detach().clone() for k, v in params.items()}
+    for i, (s, sign) in enumerate(zip(pop.seeds.tolist(), pop.signs.tolist(), strict=True)):
+        perturb_(params, s, sigma=0.05, sign=sign)
+        torch.testing.assert_close(out[i], net(x).detach(), rtol=1e-12, atol=1e-12)
+        restore_(params, s, sigma=0.05, sign=sign)
+    for k, v in params.items():
+        torch.testing.assert_close(v.detach(), before[k], rtol=0, atol=1e-15)
+
+
+@given(seed=seeds, scale=st.floats(0.1, 10))
+def test_drift_and_sparsity(seed: int, scale: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    base = {"w": torch.randn(20, generator=g, dtype=F64) + 3.0}
+    delta = torch.randn(20, generator=g, dtype=F64) * (torch.rand(20, generator=g) < 0.7)
+    tuned = {"w": base["w"] + delta}
+    delta = tuned["w"] - base["w"]  # the represented change (rounding)
+    assert float(relative_drift(base, base)) == 0.0
+    scaled = {"w": base["w"] + scale * delta}
+    torch.testing.assert_close(relative_drift(scaled, base), scale * relative_drift(tuned, base))
+    taus = [0.0, 0.1, 0.5, 1.0, 2.0, 10.0]
+    s = [float(update_sparsity(tuned, base, tau=t)) for t in taus]
+    assert s == sorted(s) and s[0] == 0.0
+    assert torch.equal(threshold_update(tuned, base, tau=0.0)["w"], tuned["w"])
+    assert torch.equal(threshold_update(tuned, base, tau=float(delta.abs().max()))["w"], base["w"])
+    changed = int((delta != 0).sum())
+    if changed:
+        assert s[-1] == 1.0 and float(update_sparsity(tuned, base, tau=0.5)) * changed == float(
+            ((delta != 0) & (delta.abs() <= 0.5)).sum()
+        )
+
+
+def test_bad_inputs_raise_named_errors() -> None:
+    pop = EsPopulation(torch.tensor([1, 2]), torch.ones(2))
+    with pytest.raises(ShapeError, match="rewards"):
+        es_step({"w": torch.zeros(2)}, pop, torch.zeros(3), lr=0.1)
+    with pytest.raises(DomainError, match="sigma"):
+        es_gradient(torch.zeros(2), torch.zeros(2, 3), sigma=0.0)
+    with pytest.raises(ShapeError, match=r"population\.seeds"):
+        es_direction({"w": torch.zeros(2)}, EsPopulation(torch.tensor([1.0]), torch.ones(1)), torch.ones(1))
+    with pytest.raises(DomainError, match="rewards"):
+        zscore_rewards(torch.tensor([1.0, float("nan")]))
+    with pytest.raises(DomainError, match="population"):
+        evolution_strategy(population=3, sigma=0.1, lr=0.1, antithetic=True)
