@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import bench_advantages, bench_policy_loss
+from benchmarks import bench_advantages, bench_policy_loss, bench_simulators
 from benchmarks._timing import Row
 
 
@@ -33,7 +33,9 @@ def run(args: argparse.Namespace) -> list[Row]:
     b, t, k, repeats = (64, 16, 8, 2) if args.small else (args.b, args.t, args.k, args.repeats)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return bench_advantages.run(b=b, k=k, repeats=repeats) + bench_policy_loss.run(b=b, t=t, repeats=repeats)
+    rows = bench_advantages.run(b=b, k=k, repeats=repeats) + bench_policy_loss.run(b=b, t=t, repeats=repeats)
+    toy = {"g": 4, "k": 4, "t": 3, "repeats": 1} if args.small else {}  # toy step: the G=64, K=32, T=8
+    return rows + bench_simulators.run(**toy)
 
 
 def table(rows: list[Row]) -> Table:

@@ -124,6 +124,8 @@ def merge(
 # LLM trainer commands (posttrain.llm.cli imports torch/transformers only inside the commands).
 from posttrain.llm import cli as _llm_cli  # noqa: E402
 
+REGISTERING_MODULES += ["posttrain.llm.algorithm", "posttrain.llm.tasks"]  # method, task, verifier registries
+
 app.command("train")(_llm_cli.train_command)
 app.command("eval")(_llm_cli.eval_command)
 

@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 # --- distillation and mixed-signal methods (issue 5: specs 01, 04, 07, 08, 13) ---
-from posttrain.estimators import delta_distill, distill, distill_rules, mopd, orarl, routing
+from posttrain.estimators import delta_distill, distill, distill_losses, distill_rules, mopd, orarl, routing
 from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages
 from posttrain.estimators.distill import (
     eos_teacher_mask,
@@ -85,11 +85,11 @@ from posttrain.estimators.distill import (
     topk_reverse_kl,
     topk_reverse_kl_reward,
 )
+from posttrain.estimators.distill_losses import opd_policy_loss, trrd_loss
 from posttrain.estimators.distill_rules import (
     kdrl_advantages,
     opd_then_rl_advantages,
     rlsd_advantages,
-    trrd_loss,
 )
 from posttrain.estimators.orarl import naive_injection_advantages, orarl_advantages
 from posttrain.estimators.routing import self_routing_probabilities
@@ -97,6 +97,7 @@ from posttrain.estimators.routing import self_routing_probabilities
 __all__ += [
     "delta_distill",
     "distill",
+    "distill_losses",
     "distill_rules",
     "eos_teacher_mask",
     "exopd_advantages",
@@ -105,6 +106,7 @@ __all__ += [
     "mopd",
     "naive_injection_advantages",
     "opd2_advantages",
+    "opd_policy_loss",
     "opd_then_rl_advantages",
     "opd_token_advantages",
     "orarl",
@@ -187,7 +189,8 @@ __all__ += [
     "paft_weights",
 ]
 
-# evolution strategies (papers 05, 10)
+# evolution strategies and sample-based coverage metrics (papers 05, 10)
+from posttrain.estimators.coverage import accuracy_bins, answer_entropy, majority_vote_correct  # noqa: E402
 from posttrain.estimators.es import (  # noqa: E402
     EsPopulation,
     EsState,
@@ -220,6 +223,8 @@ __all__ += [
     "EsState",
     "EvolutionStrategy",
     "RewardShaping",
+    "accuracy_bins",
+    "answer_entropy",
     "antithetic_gradient",
     "antithetic_population",
     "apply_es_step_",
@@ -228,6 +233,7 @@ __all__ += [
     "es_gradient",
     "es_step",
     "evolution_strategy",
+    "majority_vote_correct",
     "perturb_",
     "perturbed_params",
     "population_forward",
@@ -288,3 +294,8 @@ __all__ += [
     "template_loss",
     "value_gradient_policy_gradient",
 ]
+
+# --- paper 18: DPO per-pair loss (preference_loss registry) ---
+from posttrain.estimators.dpo import PREFERENCE_LOSSES, DPODiagnostics, dpo_loss, register_preference_loss  # noqa: E402
+
+__all__ += ["PREFERENCE_LOSSES", "DPODiagnostics", "dpo_loss", "register_preference_loss"]

@@ -13,7 +13,7 @@ KDRL                      additive      :math:`\hat A + \beta d_t`
 KDRL-mask                 additive      :math:`\hat A + (1-c)\beta d_t`
 SRPO                      additive      :math:`c\hat A + (1-c) d_t`
 HDPO                      additive      :math:`\hat A + C(x)\beta d_t`
-TRRD                      modulate      :math:`\hat A`, ratio :math:`r^\alpha e^{-(1-\alpha)d_t}` (:func:`trrd_loss`)
+TRRD                      modulate      :math:`\hat A`, ratio :math:`r^\alpha e^{-(1-\alpha)d_t}` (``distill_losses.trrd_loss``)
 RLSD                      modulate      :math:`((1-\lambda)+\lambda\,\mathrm{clip}(e^{\mathrm{sgn}(\hat A)d_t}))\hat A`
 KDRL-annealing            scheduling    :math:`\hat A + \beta(\text{step}) d_t`
 OPD-then-RL               scheduling    :math:`d_t` if step :math:`\le S` else :math:`\hat A`
@@ -37,16 +37,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators._registry import register_advantage, register_policy_loss
+from posttrain.estimators._registry import register_advantage
 from posttrain.estimators.advantages import broadcast_sequence_advantages
 from posttrain.estimators.distill import zero_off_mask
-from posttrain.estimators.losses import (
-    ClipDiagnostics,
-    _check_clip,
-    _check_policy_inputs,
-    _masked_with_diagnostics,
-    ppo_clip_objective,
-)
 from posttrain.registry import Registry, registry
 from posttrain.validate import (
     check_float,
@@ -72,7 +65,6 @@ __all__ = [
     "plateau_switch_step",
     "rlsd_advantages",
     "srpo_advantages",
-    "trrd_loss",
 ]
 
 _PAPER = "Li et al. 2026, Sequential Beats Joint, arXiv:2609.04108"
@@ -337,58 +329,3 @@ def opd_then_rl_advantages(
         return _rule_inputs(seq_advantages, opd, mask)[1]
     check_float("seq_advantages", seq_advantages, ndim=(1, 2))
     return broadcast_sequence_advantages(seq_advantages, mask)
-
-
-@register_policy_loss("trrd", paper=_PAPER)
-def trrd_loss(
-    logp: Float[Tensor, "B T"],
-    logp_old: Float[Tensor, "B T"],
-    logp_teacher: Float[Tensor, "B T"],
-    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
-    mask: Bool[Tensor, "B T"],
-    *,
-    alpha: float = 0.5,
-    teacher_mask: Bool[Tensor, "B T"] | None = None,
-    teacher_grad: bool = True,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
-    r"""TRRD: PPO-clip loss with the ratio against the geometric mixture :math:`\pi_{old}^\alpha\pi_T^{1-\alpha}`.
-
-    .. math:: \log\rho_t = \alpha(\ell_t - \ell^{old}_t) + (1-\alpha)(\ell_t - \ell^T_t)
-              = (\ell_t - \ell^{old}_t) - (1-\alpha)\,d_t
-
-    with :math:`d_t = \ell^T_t - \ell^{old}_t` (0 outside ``teacher_mask``), i.e.
-    :math:`\rho = r^\alpha e^{-(1-\alpha)d_t}` in value. *Reconstructed reading* (spec 01 §10): the
-    gradient flows through :math:`\ell` in both terms; ``teacher_grad=False`` keeps only
-    :math:`\alpha\nabla\ell` (the teacher factor as a constant). ``alpha = 1`` is the GRPO ratio.
-    The advantage is the unmodified :math:`\hat A`, so the sign of :math:`A` never changes.
-
-    Args:
-        logp, logp_old, logp_teacher: ``[B, T]`` log-probs of the sampled tokens.
-        advantages: ``[B]`` or ``[B, T]``. mask, teacher_mask: ``[B, T]`` boolean.
-        alpha: :math:`\alpha \in [0, 1]`; the paper uses 0.5.
-
-    Returns:
-        ``(loss [B, T], ClipDiagnostics)``.
-
-    Example:
-        >>> lp = torch.zeros(1, 1)
-        >>> m = torch.ones(1, 1, dtype=torch.bool)
-        >>> loss, _ = trrd_loss(lp, lp, torch.log(torch.tensor([[0.5]])), torch.ones(1), m)
-        >>> round(float(loss), 4)  # rho = 2 ** 0.5 clipped to 1.2
-        -1.2
-    """
-    _check_clip(clip_low, clip_high, None)
-    alpha = check_in_range("alpha", alpha, 0.0, 1.0)
-    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
-    check_float("logp_teacher", logp_teacher)
-    check_same_shape("logp", logp, logp_teacher=logp_teacher)
-    tm = mask if teacher_mask is None else check_mask("teacher_mask", teacher_mask, mask.shape)
-    d = zero_off_mask((logp_teacher - logp_old).detach(), tm & mask)
-    lr = zero_off_mask(logp - logp_old, mask)  # NaN off the mask never reaches the ratio or a gradient
-    log_rho = lr - (1.0 - alpha) * d if teacher_grad else alpha * lr - (1.0 - alpha) * d
-    log_rho = log_rho.clamp(-20.0, 20.0)
-    rho = torch.exp(log_rho)
-    loss, clipped, dual = ppo_clip_objective(rho, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
-    return _masked_with_diagnostics(loss, clipped, dual, log_rho, rho, mask)

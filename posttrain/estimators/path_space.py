@@ -59,7 +59,8 @@ _PAPER = "Xu et al. 2026, Unified Path-Space View, arXiv:2608.14430"
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
     """``sum(a * b, -1)`` as a matrix-vector product (on CPU a reduction over a short last axis is slow)."""
-    return (a * b) @ torch.ones(a.shape[-1], dtype=a.dtype, device=a.device)
+    prod = a * b
+    return prod[..., 0] if a.shape[-1] == 1 else prod @ torch.ones(a.shape[-1], dtype=a.dtype, device=a.device)
 
 
 def _check_steps(noise: Tensor, diffusion: Tensor, dr: Tensor) -> None:
@@ -77,13 +78,15 @@ def _check_steps(noise: Tensor, diffusion: Tensor, dr: Tensor) -> None:
             raise DomainError("dr: expected positive step sizes")
 
 
-def _step_weights(step_weights: Tensor | None, n: int, s: int, like: Tensor) -> Tensor:
+def _weighted_step_sum(per_step: Tensor, step_weights: Tensor | None, dr: Tensor | None = None) -> Tensor:
+    """``sum_k w_k [dr_k] per_step[:, k]`` over the steps of ``per_step [N, S]`` (``w = 1`` when None)."""
+    n, s = per_step.shape
     if step_weights is None:
-        return torch.ones((), dtype=like.dtype, device=like.device)
+        return per_step.sum(-1) if dr is None else per_step @ dr
     check_float("step_weights", step_weights, ndim=(1, 2))
     if tuple(step_weights.shape) not in ((s,), (n, s)):
         raise ShapeError(f"step_weights: expected shape [{s}] or [{n}, {s}], got {list(step_weights.shape)}")
-    return step_weights
+    return (step_weights * per_step).sum(-1) if dr is None else (step_weights * per_step) @ dr
 
 
 def girsanov_log_weights(
@@ -197,8 +200,7 @@ def ito_policy_gradient(
         raise ShapeError(
             f"advantages: expected shape [{score.shape[0]}] (the paths of noise), got {list(advantages.shape)}"
         )
-    w = _step_weights(step_weights, score.shape[0], score.shape[1], like=score)
-    return advantages * (w * score).sum(-1)
+    return advantages * _weighted_step_sum(score, step_weights)
 
 
 @VALUE_GRADIENTS.register("stochastic", paper=_PAPER)
@@ -260,8 +262,7 @@ def value_gradient_policy_gradient(
     check_same_shape("drift_grad", drift_grad, value_grad=value_grad)
     if dr.shape[0] != drift_grad.shape[1]:
         raise ShapeError(f"dr: expected shape [{drift_grad.shape[1]}], got {list(dr.shape)}")
-    w = _step_weights(step_weights, drift_grad.shape[0], drift_grad.shape[1], like=drift_grad)
-    return (w * _dot(drift_grad, value_grad) * dr).sum(-1)
+    return _weighted_step_sum(_dot(drift_grad, value_grad), step_weights, dr)
 
 
 def _check_times(t: Tensor) -> Tensor:
@@ -389,12 +390,13 @@ def kde_value_gradient(
     s = (1.0 - tt) / tt**2  # [G, N, 1]
     query = torch.cat([s * (x_t - (1.0 - tt) * mean), -0.5 * (1.0 - tt) * s], -1)  # [G, N, D+1]
     keys = torch.cat([z, _dot(z, z).unsqueeze(-1)], -1)  # [G, K, D+1]
-    w = torch.softmax(torch.bmm(query, keys.transpose(1, 2)), dim=-1)  # [G, N, K]
+    # weights as [G, K, N]: the softmax then reduces over a leading axis, much faster on CPU than over a short last one
+    w = torch.softmax(torch.bmm(keys, query.transpose(1, 2)), dim=1)  # [G, K, N]
     d = z.shape[-1]
-    moments = torch.bmm(w, torch.cat([a * z, z, a], -1))  # sum_j w_j (a_j z_j, z_j, a_j): [G, N, 2D+1]
+    moments = torch.bmm(w.transpose(1, 2), torch.cat([a * z, z, a], -1))  # sum_j w_j (a_j z_j, z_j, a_j)
     value_c = moments[..., 2 * d]  # [G, N]
     grad = s * (moments[..., :d] - value_c.unsqueeze(-1) * moments[..., d : 2 * d])
-    return KDEValueGradient(grad, value_c + a_mean, 1.0 / _dot(w, w))
+    return KDEValueGradient(grad, value_c + a_mean, 1.0 / (w * w).sum(1))
 
 
 def _check_velocities(v_theta: Tensor, **others: Tensor) -> None:

@@ -278,7 +278,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[st
     """Apply ``section.key=value`` strings to a raw mapping; values are parsed with ``yaml.safe_load``.
 
     Example:
-        >>> apply_overrides({"optim": {"lr": 0.1}}, ["optim.lr=1e-3", "algorithm.method=rloo"])
+        >>> apply_overrides({"optim": {"lr": 0.1}}, ["optim.lr=0.001", "algorithm.method=rloo"])
         {'optim': {'lr': 0.001}, 'algorithm': {'method': 'rloo'}}
     """
     out: dict[str, Any] = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}

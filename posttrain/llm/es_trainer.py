@@ -20,6 +20,8 @@ the members it does not evaluate: all ranks then perform the same float operatio
 process and stay bit-identical to it without ever sending weights. ``lockstep=False`` skips that
 work (faster) and lets the replicas drift by rounding; the paper re-broadcasts weights instead.
 
+:func:`grpo_then_es` is the sequential GRPO -> ES schedule of Ba et al. 2026 (§4C).
+
 Simplifications: the fitness is any callable of the step (e.g. :func:`generation_fitness`, greedy
 decoding with a task's verifier); tied parameters are perturbed once (``named_parameters``
 deduplicates shared tensors).
@@ -30,6 +32,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -42,7 +45,7 @@ from posttrain.llm.generate import HFEngine, SamplingConfig
 from posttrain.llm.tasks import Problem, Task
 from posttrain.llm.text import decode_responses, encode_prompts
 
-__all__ = ["EsStepLog", "EsTrainConfig", "es_train", "generation_fitness", "trainable_params"]
+__all__ = ["EsStepLog", "EsTrainConfig", "es_train", "generation_fitness", "grpo_then_es", "trainable_params"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +163,33 @@ def generation_fitness(
         return sum(task.reward(p, t) for p, t in zip(batch, texts, strict=True)) / len(batch)
 
     return fitness
+
+
+def grpo_then_es(
+    run_config: Any,
+    out_dir: str | Path,
+    es_config: EsTrainConfig,
+    *,
+    prompts_per_step: int,
+    max_new_tokens: int | None = None,
+) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
+    """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
+
+    ``run_config`` is a :class:`~posttrain.llm.config.RunConfig` (its ``optim.steps`` are the GRPO
+    half); ES then runs ``es_config.steps`` on the same model, task and response limit with greedy
+    fitness on ``prompts_per_step`` prompts per step. The ES endpoint is saved as ``out_dir/es``.
+    """
+    from posttrain.llm.run import build_trainer
+
+    trainer = build_trainer(run_config, out_dir)
+    rl_logs = trainer.fit()
+    model = trainer.policy
+    fitness = generation_fitness(
+        model, trainer.tokenizer, trainer.task, prompts_per_step=prompts_per_step, seed=es_config.seed,
+        max_new_tokens=max_new_tokens or run_config.rollout.max_new_tokens,
+        chat_template=run_config.model.chat_template,
+    )  # fmt: skip
+    es_logs = es_train(trainable_params(model), fitness, es_config)
+    model.save_pretrained(Path(out_dir) / "es")
+    trainer.tokenizer.save_pretrained(Path(out_dir) / "es")
+    return rl_logs, es_logs

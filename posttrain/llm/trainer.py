@@ -114,7 +114,9 @@ class Trainer:
         self.step = 0
         self.rank, self.world = _world()
         if cfg.data.prompts_per_step % self.world:
-            raise ValueError(f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple of the world size {self.world}")
+            raise ValueError(
+                f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple of the world size {self.world}"
+            )
 
     @property
     def policy(self) -> Any:
@@ -278,8 +280,13 @@ class Trainer:
             return False
         from safetensors.torch import load_file
 
-        weights = load_file(str(next((ckpt / "model").glob("*.safetensors"))))
-        self.policy.load_state_dict(weights, strict=False)
+        weights: dict[str, torch.Tensor] = {}
+        for shard in sorted((ckpt / "model").glob("*.safetensors")):
+            weights.update(load_file(str(shard)))
+        result = self.policy.load_state_dict(weights, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.policy.config, "tie_word_embeddings", False) else set()
+        if result.unexpected_keys or set(result.missing_keys) - tied:
+            raise ValueError(f"checkpoint {ckpt} does not match the model: {result}")
         s = load_state(ckpt)
         self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])

@@ -35,6 +35,9 @@ MODULES: list[str] = [
     "posttrain.paper_checks.p07_orarl",
     "posttrain.paper_checks.p08_open_mopd",
     "posttrain.paper_checks.p13_opd2",
+    "posttrain.paper_checks.p18_dpo_design",
+    "posttrain.paper_checks.p15_race",
+    "posttrain.paper_checks.p03_budget",
 ]
 
 

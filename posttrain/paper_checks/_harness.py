@@ -178,7 +178,14 @@ def _margin_text(row: dict[str, Any]) -> str:
 
 
 def _interval(row: dict[str, Any]) -> str:
+    """``mean [CI low, CI high]``; a single number (one seed, or a deterministic check) alone."""
+    if row.get("n", 0) <= 1:
+        return _fmt(row["mean"])
     return f"{_fmt(row['mean'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
+
+
+def _sign_p(row: dict[str, Any]) -> str:
+    return _fmt(row["sign_p"], 3) if row.get("n", 0) > 1 else "-"
 
 
 def _seeds_of(config: Any) -> int | None:
@@ -241,7 +248,7 @@ def _print_tables(outcomes: list[CheckOutcome], console: Console) -> None:
                 _interval(c),
                 _fmt(c["paper_value"]),
                 _margin_text(c),
-                _fmt(c["sign_p"], 3),
+                _sign_p(c),
                 status,
             )
         console.print(t)
@@ -275,7 +282,7 @@ def _markdown(outcomes: list[CheckOutcome], *, smoke: bool) -> str:
             status = ("pass" if c["passed"] else "FAIL") if c["asserted"] else "reported"
             lines.append(
                 f"| Δ {c['name']} | {_interval(c)} | {_fmt(c['paper_value'])} | {_margin_text(c)} | "
-                f"{_fmt(c['sign_p'], 3)} | {status} |"
+                f"{_sign_p(c)} | {status} |"
             )
         reasons = [
             f"- {c['name']}: {_margin_text(c)} — {c['margin_reason']}"

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from posttrain.estimators import broadcast_sequence_advantages, clipped_ratio_loss, group_normalized_advantages
 from posttrain.estimators.distill import opd_token_advantages
+from posttrain.estimators.distill_losses import trrd_loss
 from posttrain.estimators.distill_rules import (
     correctness_flags,
     hdpo_advantages,
@@ -47,13 +48,12 @@ from posttrain.estimators.distill_rules import (
     plateau_switch_step,
     rlsd_advantages,
     srpo_advantages,
-    trrd_loss,
 )
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks._seeds import seedwise
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
-from posttrain.simulators import TabularSpec, boost_sequences, enumerate_sequences, token_logp
-from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, train_methods
+from posttrain.simulators import TabularSpec, boost_sequences, enumerate_sequences
+from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, train_methods, visited_token_logp
 
 __all__ = ["Config", "run"]
 
@@ -134,7 +134,7 @@ def _method(name: str, config: Config, env: _Env) -> Callable[[TeacherStep], Ten
     spec, t = env.spec, config.depth
 
     def teacher_logp(ctx: TeacherStep) -> Tensor:
-        return token_logp(spec, env.teacher, ctx.tokens).reshape(-1, t)
+        return visited_token_logp(spec, env.teacher, ctx.tokens).reshape(-1, t)
 
     def a_hat(ctx: TeacherStep) -> Tensor:
         return group_normalized_advantages(ctx.rewards).reshape(-1)
@@ -182,7 +182,7 @@ def _method(name: str, config: Config, env: _Env) -> Callable[[TeacherStep], Ten
             lambda ctx, a, d: kdrl_annealing_advantages(a, d, ctx.mask, step=ctx.step, total_steps=config.steps)
         ),
         "trrd": lambda ctx: trrd_loss(
-            ctx.logp, ctx.logp_old, teacher_logp(ctx), a_hat(ctx), ctx.mask, alpha=config.alpha
+            ctx.logp, ctx.logp_old, a_hat(ctx), ctx.mask, logp_teacher=teacher_logp(ctx), alpha=config.alpha
         )[0],
         "opd_then_rl": switched(lambda ctx: config.switch),
         "opd_then_rl_s20": switched(lambda ctx: 20),
@@ -202,8 +202,9 @@ def run(config: Config) -> Result:
     spec = env.spec
     methods = [_method(m, config, env) for m in config.methods]
     p_all, curve = train_methods(
-        spec, env.student, env.targets, methods, steps=config.steps, k=config.group, lr=config.lr
-    )
+        spec, env.student, env.targets, methods, steps=config.steps, k=config.group, lr=config.lr,
+        curve="opd_then_rl_plateau" in config.methods,  # the validation-score switch needs the curve
+    )  # fmt: skip
     with torch.no_grad():
         teacher_p = exact_success(spec, env.teacher, env.targets)
     p1: dict[str, np.ndarray] = {"teacher": teacher_p.mean(-1).numpy()}

@@ -3,7 +3,9 @@
 Claim: with matched compute (N = 4G), ES raises Pass@1 about as much as GRPO, while GRPO's entropy
 collapses and its large-K Pass@K falls below both ES and the base policy; sequential
 compositions land in between; thresholding away half of ES's smallest coordinate changes keeps
-its gain. Secondary: Lemma 1's small-sigma expansion of the policy JS diversity.
+its gain. Secondary: Lemma 1's small-sigma expansion of the policy JS diversity (Monte-Carlo ratio
+on a softmax bandit) and Lemma 2's quantities (JS_succ and P_pop - P_same of a sigma-population
+around the ES and GRPO endpoints on the test pool), reported.
 
 Toy (spec 05 §7, our design): the multi-path verifier bandit of
 :mod:`posttrain.simulators.es_toys` (J = 8 paths, types A/B with P(A) = 0.8, q = 0.6, fixed base
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.estimators.es import threshold_update
+from posttrain.estimators.es import evolution_strategy, perturbed_params, threshold_update
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks._seeds import seedwise
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
@@ -36,10 +38,12 @@ from posttrain.theory.es_coverage import (
     exact_pass_at_k,
     expected_policy_js,
     policy_js_diversity,
+    population_coverage,
+    population_pass_gap,
     softmax_fisher_trace,
 )
 
-__all__ = ["Config", "arm_metrics", "lemma1_ratios", "run"]
+__all__ = ["Config", "arm_metrics", "lemma1_ratios", "population_diversity", "run"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,25 @@ def lemma1_ratios(
             js = policy_js_diversity(torch.softmax(theta + sigma * eps, dim=-1))  # [draws]
             out[(sigma, n)] = float(js.mean() / expected_policy_js(trace, sigma=sigma, population=n))
     return out
+
+
+def population_diversity(
+    arms: BanditArms, name: str, *, population: int, sigma: float, t_eval: float
+) -> dict[str, torch.Tensor]:
+    """Lemma 2 on the test pool: JS_succ of ``population`` members ``theta + sigma eps`` around an arm's endpoint.
+
+    Returns per-seed ``js_success`` and the gain ``pass_population - pass_same`` (one response per member).
+    """
+    es = evolution_strategy(population=population, sigma=sigma, lr=0.0)
+    centre = arms.arms[name]
+    members = [
+        perturbed_params({k: v[s] for k, v in centre.items()}, es.ask(es.init(10_000 + s)), sigma=sigma)
+        for s in range(centre["b"].shape[0])
+    ]
+    batched = {k: torch.stack([mem[k] for mem in members]) for k in ("b", "W")}  # [S, P, ...]
+    success = arms.test.success(batched, temperature=t_eval).transpose(-1, -2)  # [S, X, P]
+    cov = population_coverage(success)
+    return {"js_success": cov.js_success, "gain": population_pass_gap(success).mean(-1)}
 
 
 def run(config: Config) -> Result:
@@ -210,6 +233,10 @@ def run(config: Config) -> Result:
             asserted=False,
         )
     )
+    for arm in ("es", "grpo"):
+        div = population_diversity(arms, arm, population=config.population, sigma=config.sigma, t_eval=config.t_eval)
+        metrics.append(Metric(f"{arm} endpoint population JS_succ (Lemma 2)", vals(div["js_success"])))
+        metrics.append(Metric(f"{arm} endpoint population P_pop - P_same (Lemma 2)", vals(div["gain"])))
     worst_lemma = max(abs(mt.per_seed[0] - 1.0) for mt in metrics if mt.name.startswith("Lemma 1"))
     return Result(
         metrics=tuple(metrics),

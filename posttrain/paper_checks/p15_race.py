@@ -174,7 +174,9 @@ def run(config: Config) -> Result:
     comparisons.append(indicator("p*_PRM(M) < p*_rule(M) (+1/-1)", p_prm_m < p_rule_m, "spec criterion 4"))
     comparisons.append(indicator("p*_PRM(L) <= p*_rule(L) (+1/-1)", p_prm_l <= p_rule_l, "spec criterion 4"))
     u_s, u_l = np.asarray(steps_of[("S", "rule")]), np.asarray(steps_of[("L", "rule")])
-    comparisons.append(indicator("U_L <= U_S / 10 at every G (+1/-1)", bool(np.all(10 * u_l <= u_s)), "spec criterion 5"))
+    comparisons.append(
+        indicator("U_L <= U_S / 10 at every G (+1/-1)", bool(np.all(10 * u_l <= u_s)), "spec criterion 5")
+    )
     series = {
         "P(correct) vs rollouts per prompt at equal FLOPs": {
             "x": grid,
@@ -191,7 +193,9 @@ def run(config: Config) -> Result:
             "logx": True,
         },
     }
-    return Result(tuple(metrics), tuple(comparisons), extra={"series": series, "steps": {str(k): v for k, v in steps_of.items()}})
+    return Result(
+        tuple(metrics), tuple(comparisons), extra={"series": series, "steps": {str(k): v for k, v in steps_of.items()}}
+    )
 
 
 register_check(

@@ -85,10 +85,10 @@ class Config:
 
 def _policy_loss(method: str, config: Config) -> Callable[..., Tensor]:
     """``(logp, logp_old, adv, mask, accepted) -> loss [B, T]`` for each compared method."""
-    clip = {"clip_low": config.clip, "clip_high": config.clip}
+    eps = config.clip
     table: dict[str, Callable[..., Tensor]] = {
-        "ppo": lambda lp, lo, a, m, acc: clipped_ratio_loss(lp, lo, a, m, **clip)[0],
-        "sis": lambda lp, lo, a, m, acc: sis_loss(lp, lo, a, m, acc, **clip)[0],
+        "ppo": lambda lp, lo, a, m, acc: clipped_ratio_loss(lp, lo, a, m, clip_low=eps, clip_high=eps)[0],
+        "sis": lambda lp, lo, a, m, acc: sis_loss(lp, lo, a, m, acc, clip_low=eps, clip_high=eps, divergence=False)[0],
         "no_correction": lambda lp, lo, a, m, acc: no_correction_loss(lp, lo, a, m),
         "unclipped_is": lambda lp, lo, a, m, acc: truncated_is_loss(lp, lo, a, m, cap=math.inf),
     }

@@ -127,7 +127,7 @@ def bandit_kl(
     return torch.where(p > 0, p * (logp - logq), torch.zeros((), dtype=p.dtype)).sum(-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SoftmaxBandit:
     """G prompts with A arms each and a reward per (prompt, arm); the policy is a logits tensor.
 
@@ -164,6 +164,17 @@ class SoftmaxBandit:
         keys = torch.rand(num_prompts, num_arms, generator=generator, dtype=torch.float64)
         ranks = keys.argsort(dim=-1).argsort(dim=-1)
         return cls((ranks < num_correct).to(torch.float64))
+
+    def prior_logits(
+        self, *, scale: float, generator: torch.Generator, boost: float = 0.0, seeds: int | None = None
+    ) -> Float[Tensor, "*seeds G A"]:
+        """Initial logits :math:`\\mathcal N(0, \\text{scale}^2)` plus ``boost`` on the correct arms (a prior of chosen quality).
+
+        ``seeds`` adds a leading seed axis (drawn from the one generator, seed after seed).
+        """
+        lead = () if seeds is None else (int(seeds),)
+        noise = scale * torch.randn(*lead, *self.rewards.shape, generator=generator, dtype=torch.float64)
+        return noise + boost * self.correct.to(torch.float64)
 
     @property
     def correct(self) -> Bool[Tensor, "G A"]:

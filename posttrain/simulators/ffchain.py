@@ -46,7 +46,12 @@ _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31)
 
 
 def field_inverse(c: int, p: int) -> int:
-    """:math:`c^{-1} = c^{p-2} \\bmod p` (Fermat) for ``c != 0``."""
+    """:math:`c^{-1} = c^{p-2} \\bmod p` (Fermat) for ``c != 0``.
+
+    Example:
+        >>> field_inverse(3, 11), 3 * field_inverse(3, 11) % 11
+        (4, 1)
+    """
     if c % p == 0:
         raise DomainError(f"c: 0 has no inverse in GF({p})")
     return pow(c, p - 2, p)
@@ -171,7 +176,14 @@ _SYMBOL = r"\(e\d+\)"
 
 
 def render_problem(problem: ChainProblem, symbols: Symbols) -> str:
-    """``eval:(e3);add(e5);mul(e2)``."""
+    """``eval:(e3);add(e5);mul(e2)``.
+
+    Example:
+        >>> sym = Symbols((2, 0, 1))  # 0 -> e2, 1 -> e0, 2 -> e1 in GF(3)
+        >>> prob = ChainProblem(3, (("add", 1), ("mul", 2)), "eval", 0)
+        >>> render_problem(prob, sym), prob.answer, render_trace(make_trace(prob, "F"), sym)
+        ('eval:(e2);add(e0);mul(e1)', 2, '(e0);(e1)')
+    """
     ops = ";".join(f"{k}{symbols.name(c)}" for k, c in problem.ops)
     return f"{problem.kind}:{symbols.name(problem.given)};{ops}"
 

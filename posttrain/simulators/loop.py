@@ -102,7 +102,7 @@ def aggregate_per_seed(
     return row_sum.sum(-1) / (n_rows * values.shape[-1])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TrainLog:
     """Per-step exact metrics and first-hitting steps.
 

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.simulators._base import Generatorish, Rollout, sample_categorical, uniform
+from posttrain.simulators._base import Generatorish, Rollout, log_softmax_small, sample_categorical, uniform
 from posttrain.simulators.bandits import pass_at_k_exact
 from posttrain.validate import check_float, check_tensor
 
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 MAX_ENUMERATION = 100_000
+_Idx = TypeVar("_Idx", int, Tensor)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,12 @@ class TabularSpec:
         offsets = (v**pos - 1) // (v - 1)
         return offsets + tokens @ weights
 
+    def next_node(self, node: _Idx, t: int, token: _Idx) -> _Idx:
+        """Node of the prefix extended by ``token`` at position ``t`` (the incremental form of :meth:`prefix_nodes`)."""
+        if self.context == "markov":
+            return 1 + t * self.vocab + token
+        return node * self.vocab + token + 1
+
     def response_mask(self, tokens: Int[Tensor, "*batch T"]) -> Bool[Tensor, "*batch T"]:
         """True up to and including the first EOS (everywhere when ``eos`` is None)."""
         if self.eos is None:
@@ -122,7 +129,7 @@ def token_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"], tokens: 
     check_tensor("tokens", tokens, ndim=table.ndim)
     lead, (g, k, t), v = table.shape[:-3], tokens.shape[-3:], spec.vocab
     nodes = spec.prefix_nodes(tokens).reshape(*lead, g, k * t, 1).expand(*lead, g, k * t, v)
-    rows = torch.log_softmax(table.gather(-2, nodes), dim=-1)  # only the visited rows: [*s, G, K*T, V]
+    rows = log_softmax_small(table.gather(-2, nodes))  # only the visited rows: [*s, G, K*T, V]
     out = rows.gather(-1, tokens.reshape(*lead, g, k * t, 1)).reshape(*lead, g, k, t)
     return torch.where(spec.response_mask(tokens), out, torch.zeros((), dtype=out.dtype))
 
@@ -132,22 +139,23 @@ def sample_sequences(
 ) -> tuple[Int[Tensor, "*seeds G K T"], Bool[Tensor, "*seeds G K T"], Float[Tensor, "*seeds G K T"]]:
     """Draw ``k`` sequences per prompt: ``(tokens, mask, logp)`` (no gradient; canonical padding after EOS)."""
     _check_table(spec, table)
-    lead, g = table.shape[:-3], table.shape[-3]
+    lead, (g, n, v) = table.shape[:-3], table.shape[-3:]
     u = uniform(generator, (*lead, g, int(k), spec.horizon))
-    rows = table.detach().unsqueeze(-3)  # [*s, G, 1, N, V]
+    flat = table.detach().reshape(-1, v)  # rows of every (seed, prompt, node)
+    base = (torch.arange(flat.shape[0] // n) * n).reshape(*lead, g, 1)
     tokens = torch.zeros(*lead, g, int(k), spec.horizon, dtype=torch.long)
+    logp = torch.zeros(*lead, g, int(k), spec.horizon, dtype=table.dtype)
+    node = torch.zeros(*lead, g, int(k), dtype=torch.long)
     alive = torch.ones(*lead, g, int(k), dtype=torch.bool)
     for t in range(spec.horizon):  # autoregressive: position t needs y_{<t}
-        node = spec.prefix_nodes(tokens)[..., t]
-        logits = rows.expand(*lead, g, int(k), *table.shape[-2:]).gather(
-            -2, node[..., None, None].expand(*node.shape, 1, spec.vocab)
-        )[..., 0, :]
+        logits = flat[base + node]  # [*s, G, K, V]
         y = torch.where(alive, sample_categorical(logits, u[..., t, None])[..., 0], 0)
         tokens[..., t] = y
+        logp[..., t] = torch.where(alive, log_softmax_small(logits).gather(-1, y[..., None])[..., 0], 0.0)
+        node = spec.next_node(node, t, y)
         if spec.eos is not None:
             alive = alive & (y != spec.eos)
-    mask = spec.response_mask(tokens)
-    return tokens, mask, token_logp(spec, table.detach(), tokens)
+    return tokens, spec.response_mask(tokens), logp
 
 
 @functools.cache
@@ -194,12 +202,16 @@ def boost_sequences(
 
 
 class Verifier(Protocol):
-    """Scores complete sequences: ``(tokens [*seeds, G, K, T], mask) -> rewards [*seeds, G, K]`` in [0, 1]."""
+    """Scores complete sequences: ``(tokens [*seeds, G, K, T], mask) -> rewards [*seeds, G, K]`` in [0, 1].
+
+    It must broadcast over leading axes: :class:`TabularEnv` scores every enumerated sequence for
+    every prompt at once by passing ``[1, N_seq, T]`` and reading ``[G, N_seq]``.
+    """
 
     def __call__(self, tokens: Tensor, mask: Tensor) -> Tensor: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TargetVerifier:
     """Reward 1 when the sequence equals one of its prompt's correct sequences ``targets [G, C, T]``.
 
@@ -225,7 +237,7 @@ class TargetVerifier:
         return cls(spec, tokens[pick])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HammingVerifier:
     """Dense reward :math:`1 - \\#\\{t: y_t \\ne \\tau_t\\}/T` against one target ``[G, T]`` per prompt (no EOS)."""
 
@@ -235,7 +247,7 @@ class HammingVerifier:
         return (tokens == self.target.unsqueeze(-2)).to(torch.float64).mean(-1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TabularEnv:
     """A tabular policy's environment: the spec and a verifier, with exact metrics by enumeration.
 

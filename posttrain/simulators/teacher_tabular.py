@@ -26,7 +26,7 @@ from torch import Tensor
 from posttrain.errors import ShapeError
 from posttrain.estimators import masked_mean
 from posttrain.simulators._base import SeedRNG
-from posttrain.simulators.tabular import TabularSpec, sample_sequences, token_logp
+from posttrain.simulators.tabular import TabularSpec, sample_sequences
 
 __all__ = [
     "TeacherStep",
@@ -38,6 +38,7 @@ __all__ = [
     "stack_methods",
     "train_methods",
     "train_with_teacher",
+    "visited_token_logp",
 ]
 
 
@@ -72,15 +73,27 @@ class TrainResult:
 
 
 def node_log_probs(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
-    """``[*seeds, G, K, T, V]`` log-softmax of ``table [*seeds, G, N, V]`` at every prefix of ``tokens``."""
+    """``[*seeds, G, K, T, V]`` log-softmax of ``table [*seeds, G, N, V]`` at every prefix of ``tokens``.
+
+    Gathers the visited rows first and normalises only those (differentiable; far cheaper than
+    normalising the whole table when few nodes are visited).
+    """
     if table.ndim != tokens.ndim:
         raise ShapeError(f"tokens: expected rank {table.ndim} ([*seeds, G, K, T]), got {list(tokens.shape)}")
     nodes = spec.prefix_nodes(tokens)  # [*s, G, K, T]
     lead_g = table.shape[:-2]
     k, t = tokens.shape[-2:]
-    logp_table = torch.log_softmax(table, dim=-1)  # [*s, G, N, V]
     idx = nodes.reshape(*lead_g, k * t, 1).expand(*lead_g, k * t, spec.vocab)
-    return logp_table.gather(-2, idx).reshape(*lead_g, k, t, spec.vocab)
+    return torch.log_softmax(table.gather(-2, idx), dim=-1).reshape(*lead_g, k, t, spec.vocab)
+
+
+def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
+    """``[*seeds, G, K, T]`` log-prob of each token given its prefix (differentiable), 0 off the response mask.
+
+    Same values as :func:`posttrain.simulators.tabular.token_logp`, via :func:`node_log_probs`.
+    """
+    logp = node_log_probs(spec, table, tokens).gather(-1, tokens.unsqueeze(-1))[..., 0]
+    return torch.where(spec.response_mask(tokens), logp, torch.zeros((), dtype=logp.dtype))
 
 
 def exact_success(spec: TabularSpec, table: Tensor, correct: Tensor) -> Tensor:
@@ -88,7 +101,7 @@ def exact_success(spec: TabularSpec, table: Tensor, correct: Tensor) -> Tensor:
 
     Sums the C sequence probabilities (cheaper than enumerating all :math:`V^T` sequences when C is small).
     """
-    return token_logp(spec, table, correct).sum(-1).exp().sum(-1)
+    return visited_token_logp(spec, table, correct).sum(-1).exp().sum(-1)
 
 
 def split_step(ctx: TeacherStep, parts: int) -> list[TeacherStep]:
@@ -132,7 +145,7 @@ def train_with_teacher(
     theta0: Tensor,
     loss_fn: Callable[[TeacherStep], Tensor],
     reward_fn: Callable[[Tensor, Tensor], Tensor],
-    track: Callable[[Tensor], Tensor],
+    track: Callable[[Tensor], Tensor] | None,
     *,
     steps: int,
     k: int,
@@ -145,7 +158,8 @@ def train_with_teacher(
         spec: the tabular spec. theta0: initial student logits (not mutated).
         loss_fn: the method: ``TeacherStep -> [B, T]`` per-token loss.
         reward_fn: ``(tokens [S, G, K, T], mask) -> rewards [S, G, K]``.
-        track: ``theta [S, G, N, V] -> [S]`` validation score recorded after every step.
+        track: ``theta [S, G, N, V] -> [S]`` validation score recorded after every step (None: no
+            curve; ``TeacherStep.history`` and ``TrainResult.curve`` are then empty).
         steps, k, seeds, lr: updates, samples per prompt, seeds (sampling stream 0), Adam step size.
 
     Returns:
@@ -155,25 +169,27 @@ def train_with_teacher(
     s, g = theta0.shape[0], theta0.shape[1]
     theta = theta0.detach().clone().requires_grad_(True)
     opt = torch.optim.Adam([theta], lr=lr)
+    curve: list[Tensor] = []
     with torch.no_grad():
-        curve = [track(theta.detach())]
+        if track is not None:
+            curve.append(track(theta.detach()))
     for step in range(1, steps + 1):
         with torch.no_grad():
             tokens, mask, _ = sample_sequences(spec, theta.detach(), k, rng)
             rewards = reward_fn(tokens, mask)
-        logp = token_logp(spec, theta, tokens).reshape(-1, spec.horizon)
+        logp = visited_token_logp(spec, theta, tokens).reshape(-1, spec.horizon)
         flat_mask = mask.reshape(-1, spec.horizon)
-        ctx = TeacherStep(
-            step, rewards.reshape(s * g, k), logp, logp.detach(), flat_mask, tokens, theta, torch.stack(curve)
-        )
+        history = torch.stack(curve) if curve else torch.zeros(0, s, dtype=theta.dtype)
+        ctx = TeacherStep(step, rewards.reshape(s * g, k), logp, logp.detach(), flat_mask, tokens, theta, history)
         loss_tok = loss_fn(ctx)
         per_seed = masked_mean(loss_tok.reshape(s, -1), flat_mask.reshape(s, -1), dim=-1)
         opt.zero_grad(set_to_none=True)
         per_seed.sum().backward()
         opt.step()
-        with torch.no_grad():
-            curve.append(track(theta.detach()))
-    return TrainResult(theta.detach(), torch.stack(curve))
+        if track is not None:
+            with torch.no_grad():
+                curve.append(track(theta.detach()))
+    return TrainResult(theta.detach(), torch.stack(curve) if curve else torch.zeros(0, s, dtype=theta.dtype))
 
 
 def match_reward(correct: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
@@ -195,18 +211,20 @@ def train_methods(
     steps: int,
     k: int,
     lr: float,
+    curve: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Train every method from ``student [S, G, N, V]`` on the binary task ``correct [S, G, C, T]``, side by side.
 
     Returns:
         ``(p [M, S, G], curve [steps + 1, M, S])``: final exact per-prompt success probabilities
-        and the mean success after every step. Seed ``s`` of every method uses sampling seed ``s``.
+        and the mean success after every step (only with ``curve=True``; else ``[0, M, S]``).
+        Seed ``s`` of every method uses sampling seed ``s``.
     """
     n_m, n_s = len(methods), student.shape[0]
     rep = correct.repeat(n_m, *([1] * (correct.ndim - 1)))
     res = train_with_teacher(
         spec, student.repeat(n_m, *([1] * (student.ndim - 1))), stack_methods(methods), match_reward(rep),
-        lambda theta: exact_success(spec, theta, rep).mean(-1),
+        (lambda theta: exact_success(spec, theta, rep).mean(-1)) if curve else None,
         steps=steps, k=k, seeds=list(range(n_s)) * n_m, lr=lr,
     )  # fmt: skip
     with torch.no_grad():

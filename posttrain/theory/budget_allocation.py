@@ -88,7 +88,9 @@ def near_optimal_region(
     p = np.asarray(perf, dtype=np.float64)
     if p.ndim < 1 or p.shape[-1] < 1 or not np.all(np.isfinite(p)):
         raise ShapeError(f"perf: expected a finite array [..., R], got shape {list(p.shape)}")
-    ok = np.ones(p.shape, dtype=bool) if feasible is None else np.broadcast_to(np.asarray(feasible, dtype=bool), p.shape)
+    ok = (
+        np.ones(p.shape, dtype=bool) if feasible is None else np.broadcast_to(np.asarray(feasible, dtype=bool), p.shape)
+    )
     if not np.all(ok.any(axis=-1)):
         raise DomainError("feasible: every curve needs at least one feasible grid point")
     best = np.max(np.where(ok, p, -np.inf), axis=-1, keepdims=True)

@@ -316,16 +316,16 @@ def rlhf_objective(
     """
     lp, l0, r = as_array("logp", logp, 2), as_array("logp_ref", logp_ref, 2), as_array("rewards", rewards, 2)
     if not lp.shape == l0.shape == r.shape:
-        raise ShapeError(f"logp, logp_ref, rewards: expected equal [G, K] shapes, got {lp.shape}, {l0.shape}, {r.shape}")
+        raise ShapeError(
+            f"logp, logp_ref, rewards: expected equal [G, K] shapes, got {lp.shape}, {l0.shape}, {r.shape}"
+        )
     lp, l0 = log_softmax(lp, axis=1), log_softmax(l0, axis=1)
     pi = np.exp(lp)
     per_prompt = np.sum(pi * (r - check_positive("beta", beta) * (lp - l0)), axis=1)
     return float(_prompt_weights(prompt_weights, lp.shape[0]) @ per_prompt)
 
 
-def rlhf_gap(
-    logp: ArrayLike, logp_star: ArrayLike, *, beta: float, prompt_weights: ArrayLike | None = None
-) -> Array:
+def rlhf_gap(logp: ArrayLike, logp_star: ArrayLike, *, beta: float, prompt_weights: ArrayLike | None = None) -> Array:
     r"""Exact RLHF gap :math:`J(\pi^*)-J(\pi)=\beta\,\mathbb E_x\mathrm{KL}(\pi(\cdot|x)\|\pi^*(\cdot|x))\ge0`.
 
     Args:

@@ -304,7 +304,7 @@ def frank_wolfe_design(
     ([0.333333, 0.333333, 0.333333], 9.0)
     """
     gg, s, m, r = _prepare(g, M, weights, ridge)
-    num_edges, d = gg.shape
+    num_edges = gg.shape[0]
     if int(max_iter) < 1 or not tol > 0:
         raise DomainError(f"max_iter, tol: expected >= 1 and > 0, got {max_iter}, {tol}")
     q = spanning_start(gg * np.sqrt(s)[:, None]) if q0 is None else check_simplex("q0", q0, num_edges).copy()
@@ -317,7 +317,7 @@ def frank_wolfe_design(
         raise DomainError("q0: the starting design matrix A(q0) is singular")
     gap = float("inf")
     status, it = "max_iter", 0
-    for it in range(1, int(max_iter) + 1):  # noqa: B007 - the count is reported
+    for it in range(1, int(max_iter) + 1):
         if it % 100 == 0:  # refresh the incrementally updated A against drift
             a = design_matrix(q, gg, weights=s, ridge=r)
         ainv = np.linalg.inv(a)

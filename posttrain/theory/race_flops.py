@@ -104,7 +104,9 @@ class RewardCost:
         if kind is not RewardKind.RULE:
             check_positive("n_params", self.n_params)
         if self.steps < 1 or self.judge_output_tokens < 0:
-            raise DomainError(f"steps, judge_output_tokens: expected >= 1, >= 0, got {self.steps}, {self.judge_output_tokens}")
+            raise DomainError(
+                f"steps, judge_output_tokens: expected >= 1, >= 0, got {self.steps}, {self.judge_output_tokens}"
+            )
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,9 @@ def learning_flops(
     tp, tr = _tokens(prompt_tokens, response_tokens)
     mask = np.ones(tr.shape, dtype=bool) if trained is None else np.asarray(trained)
     if mask.shape != tr.shape or mask.dtype != np.bool_:
-        raise ShapeError(f"trained: expected a bool array of shape {list(tr.shape)}, got {mask.dtype} {list(mask.shape)}")
+        raise ShapeError(
+            f"trained: expected a bool array of shape {list(tr.shape)}, got {mask.dtype} {list(mask.shape)}"
+        )
     if int(epochs) < 1:
         raise DomainError(f"epochs: expected >= 1, got {epochs}")
     seq = np.where(mask, tp[:, None] + tr, 0.0)
@@ -326,7 +330,11 @@ def flops_per_step(
     rc = RewardCost() if reward is None else reward
     return FlopSplit(
         search=search_flops(
-            prompt_tokens, response_tokens, policy=policy, prefix_sharing=prefix_sharing, count_attention=count_attention
+            prompt_tokens,
+            response_tokens,
+            policy=policy,
+            prefix_sharing=prefix_sharing,
+            count_attention=count_attention,
         ),
         learning=learning_flops(
             prompt_tokens,

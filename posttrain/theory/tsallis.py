@@ -45,6 +45,7 @@ __all__ = [
     "amplification_bias_limit",
     "discrete_escape_steps",
     "ell_q",
+    "ell_q_gradient",
     "escape_integral",
     "escape_time",
     "escape_time_closed_form",
@@ -55,6 +56,7 @@ __all__ = [
     "gradient_scale_deficit_limit",
     "ln_q",
     "symbolic_delta_method_bias",
+    "symbolic_ell_q_derivative",
     "symbolic_escape_time",
     "symbolic_ln_q",
 ]
@@ -90,6 +92,24 @@ def ln_q(u: ArrayOrTensor, q: float) -> ArrayOrTensor:
 def ell_q(p: ArrayOrTensor, q: float) -> ArrayOrTensor:
     r"""The loss :math:`\ell_q(P) = -\ln_q(P) = (1 - P^{1-q})/(1-q)`; :math:`\ell_0 = 1-P`, :math:`\ell_1 = -\log P`."""
     return -ln_q(p, q)
+
+
+def ell_q_gradient(p: ArrayOrTensor, grad_p: ArrayOrTensor, q: float) -> ArrayOrTensor:
+    r"""The gradient identity (Prop. 4.1): :math:`\nabla\ell_q = -P^{-q}\nabla P = P^{-q}\nabla\ell_0 = P^{1-q}\nabla\ell_1`.
+
+    Args:
+        p: success probability :math:`P` (broadcast against ``grad_p``'s leading axes).
+        grad_p: :math:`\nabla_\theta P`, parameters in the last axis.
+        q: loss parameter in [0, 1].
+
+    Example:
+        >>> float(ell_q_gradient(0.25, 1.0, 1.0))  # d(-log P)/dP at P = 1/4
+        -4.0
+    """
+    q = _check_q(q)
+    if isinstance(grad_p, Tensor):
+        return -torch.as_tensor(p, dtype=grad_p.dtype) ** (-q) * grad_p
+    return -np.asarray(p, dtype=np.float64) ** (-q) * np.asarray(grad_p, dtype=np.float64)
 
 
 def escort_minimiser(alpha: np.ndarray, q: float) -> np.ndarray:
@@ -316,6 +336,12 @@ def gradient_scale_deficit_limit(p: float, q: float) -> float:
 
 
 # ---------------------------------------------------------------- symbolic twins
+
+
+def symbolic_ell_q_derivative() -> tuple[sp.Symbol, sp.Symbol, sp.Expr]:
+    """``(P, q, d ell_q / dP)`` simplified by sympy; equals ``-P**(-q)`` (the gradient identity's scalar factor)."""
+    p, q = sp.symbols("P q", positive=True)
+    return p, q, sp.simplify(sp.diff(-(p ** (1 - q) - 1) / (1 - q), p))
 
 
 def symbolic_ln_q() -> tuple[sp.Symbol, sp.Symbol, sp.Expr]:

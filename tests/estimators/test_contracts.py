@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators import (
@@ -234,6 +236,16 @@ def test_runner_catches_a_broken_estimator() -> None:
     message = str(info.value)
     for item in ("modified in place", "rank of values", "dtype of mask", "empty mask", "an output changed"):
         assert item in message, item
+
+
+def badly_annotated(values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
+    """Returns a scalar although its annotation promises one value per sequence."""
+    return aggregate(values, mask)
+
+
+def test_runner_checks_shape_annotations() -> None:
+    with pytest.raises(ContractFailure, match="annotations"):
+        check_estimator(badly_annotated, _values(), output_shape=())
 
 
 # pass@k and mean@k take integer counts (numpy or torch), not float tensors: their own contract.

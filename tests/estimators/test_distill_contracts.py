@@ -10,7 +10,8 @@ import torch
 
 from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages
 from posttrain.estimators.distill import opd_token_advantages, topk_reverse_kl, topk_reverse_kl_reward
-from posttrain.estimators.distill_rules import kdrl_advantages, rlsd_advantages, srpo_advantages, trrd_loss
+from posttrain.estimators.distill_losses import opd_policy_loss, trrd_loss
+from posttrain.estimators.distill_rules import kdrl_advantages, rlsd_advantages, srpo_advantages
 from posttrain.estimators.mopd import topk_distill_loss
 from posttrain.testing import check_estimator
 
@@ -45,6 +46,10 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[torch.dtype], dict[str, Any
     "trrd": (trrd_loss, lambda d: {"logp": _tok(d), "logp_old": _tok(d, 0.05, 1), "logp_teacher": _tok(d, 0.2, 2),
                                    "advantages": torch.linspace(-1, 1, B, dtype=d), "mask": _mask()},
              {"bad_values": {"alpha": [-0.1, 1.1]}}),
+    "opd_loss": (opd_policy_loss, lambda d: {"logp": _tok(d), "logp_old": _tok(d, 0.05, 1),
+                                             "advantages": torch.linspace(-1, 1, B, dtype=d), "mask": _mask(),
+                                             "logp_teacher": _tok(d, 0.2, 2), "beta": 0.2},
+                 {"bad_values": {"beta": [-1.0]}}),
     "topk_reward": (topk_reverse_kl_reward, lambda d: {"logp_student_k": _topk(d, 0), "logp_teacher_k": _topk(d, 1),
                                                        "mask": _mask()}, {"grad_args": (), "output_shape": (B, T, K)}),
     "topk_kl": (topk_reverse_kl, lambda d: {"logp_student_k": _topk(d, 0), "logp_teacher_k": _topk(d, 1),

@@ -15,11 +15,14 @@ import torch
 from posttrain.errors import DomainError
 from posttrain.estimators.path_space import (
     VALUE_GRADIENTS,
+    awm_loss,
     deterministic_value_gradient,
     girsanov_log_weights,
     ito_policy_gradient,
     kde_value_gradient,
+    nft_loss,
     path_score,
+    scale_bounded_loss,
     stochastic_value_gradient,
     value_gradient_policy_gradient,
 )
@@ -217,3 +220,45 @@ def test_kde_is_stable_in_high_dimension() -> None:
     out = kde_value_gradient(x_t, t, x0, torch.tensor([[1.0, 0.0, 0.5, 2.0]]))
     assert bool(torch.isfinite(out.grad).all())
     torch.testing.assert_close(out.effective_size, torch.ones(1, 4))
+
+
+def test_contract_forward_matching_losses() -> None:
+    def velocities(dt: torch.dtype) -> dict[str, torch.Tensor]:
+        return {
+            "v_theta": _rand(N, D, dtype=dt, seed=20),
+            "v_old": _rand(N, D, dtype=dt, seed=21),
+            "v_target": _rand(N, D, dtype=dt, seed=22),
+        }
+
+    rank: tuple[str, ...] = ()  # per-sample losses accept any leading shape
+    check_estimator(
+        scale_bounded_loss,
+        lambda dt: {**velocities(dt), "advantages": _rand(N, dtype=dt, seed=23), "t": _times(N, dtype=dt)},
+        output_shape=(N,),
+        mask_arg=None,
+        rank_args=rank,
+        bad_values={"kappa": [-0.1, 1.5], "gamma": [0.5]},
+    )
+    check_estimator(
+        nft_loss,
+        lambda dt: {
+            **velocities(dt),
+            "rho": torch.rand(N, generator=torch.Generator().manual_seed(24), dtype=torch.float64).to(dt),
+        },
+        output_shape=(N,),
+        mask_arg=None,
+        rank_args=rank,
+        bad_values={"beta": [0.0, -1.0]},
+    )
+    check_estimator(
+        awm_loss,
+        lambda dt: {
+            "v_theta": _rand(N, D, dtype=dt, seed=20),
+            "v_target": _rand(N, D, dtype=dt),
+            "advantages": _rand(N, dtype=dt, seed=23),
+            "weight": _times(N, dtype=dt),
+        },
+        output_shape=(N,),
+        mask_arg=None,
+        rank_args=rank,
+    )

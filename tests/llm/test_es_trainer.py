@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from posttrain.estimators.es import es_step, evolution_strategy
-from posttrain.llm.es_trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
+from posttrain.llm.es_trainer import EsTrainConfig, es_train, generation_fitness, grpo_then_es, trainable_params
 from posttrain.llm.tasks import make_task
 
 
@@ -76,3 +76,28 @@ def test_two_gloo_processes_match_one_process_bitwise(tiny_dir: Path, tmp_path: 
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tiny_dir), str(tmp_path), cfg), nprocs=2, join=True)
     one, two = torch.load(tmp_path / "w1.pt"), torch.load(tmp_path / "w2.pt")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
+
+def test_grpo_then_es_schedule(tmp_path: Path) -> None:
+    """GRPO steps through the RL trainer, then ES on its endpoint; the ES half is saved and reloadable."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.llm.config import config_from_dict
+
+    cfg = config_from_dict(
+        {
+            "model": {"tiny": {"num_hidden_layers": 1}},
+            "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": 4, "sft_steps": 0},
+            "rollout": {"group_size": 2, "max_new_tokens": 3},
+            "optim": {"steps": 2},
+            "logging": {"progress": False},
+        }
+    )
+    rl_logs, es_logs = grpo_then_es(
+        cfg, tmp_path, EsTrainConfig(population=4, sigma=0.01, lr=0.005, steps=2), prompts_per_step=4
+    )
+    assert len(rl_logs) == 2 and len(es_logs) == 2
+    assert all(0.0 <= log.reward_mean <= 1.0 for log in es_logs)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "es")
+    initial = AutoModelForCausalLM.from_pretrained(tmp_path / "initial")
+    assert set(dict(reloaded.named_parameters())) == set(dict(initial.named_parameters()))

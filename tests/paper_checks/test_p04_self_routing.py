@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from posttrain.paper_checks.base import verdict_of
 from posttrain.paper_checks.p04_self_routing import Config, run
 from tests.paper_checks._distill_contract import assert_contract
@@ -21,7 +19,6 @@ def test_contract_and_determinism() -> None:
     assert all(abs(t - 1.0) < 1e-9 for t in totals)  # the routes partition every step's batch
 
 
-@pytest.mark.slow
 def test_smoke_verdict() -> None:
     # the spec's criteria hold with wide margins already at the smoke size (40 steps)
     assert verdict_of(run(Config.smoke())).value == "reproduced"

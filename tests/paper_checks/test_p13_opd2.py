@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from posttrain.paper_checks.base import verdict_of
 from posttrain.paper_checks.p13_opd2 import Config, run
 from tests.paper_checks._distill_contract import assert_contract
@@ -18,7 +16,6 @@ def test_contract_and_determinism() -> None:
     assert any(m.name.startswith("strong student") for m in result.metrics)
 
 
-@pytest.mark.slow
 def test_smoke_verdict() -> None:
     # the spec's criteria hold with wide margins already at the smoke size (40 steps)
     assert verdict_of(run(Config.smoke())).value == "reproduced"

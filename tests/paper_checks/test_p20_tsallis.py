@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -26,7 +28,7 @@ def test_registered_under_20a_20b_20c() -> None:
 @pytest.mark.parametrize(
     "run,config", [(p20.run_escape, p20.EscapeConfig), (p20.run_memorisation, p20.MemorisationConfig)]
 )
-def test_deterministic_checks_reproduce(run, config) -> None:
+def test_deterministic_checks_reproduce(run: Callable[[Any], Result], config: Any) -> None:
     result = run(config.smoke())
     assert _finite(result)
     assert verdict_of(result) is Verdict.REPRODUCED, [c for c in result.comparisons if c.asserted]

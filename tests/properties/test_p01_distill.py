@@ -14,6 +14,7 @@ from posttrain.estimators.distill import (
     sign_conflict_rate,
     topk_overlap,
 )
+from posttrain.estimators.distill_losses import opd_policy_loss, trrd_loss
 from posttrain.estimators.distill_rules import (
     correctness_flags,
     hdpo_advantages,
@@ -25,7 +26,6 @@ from posttrain.estimators.distill_rules import (
     plateau_switch_step,
     rlsd_advantages,
     srpo_advantages,
-    trrd_loss,
 )
 from posttrain.testing import grouped_rewards, log_probs, response_masks, token_tensors
 
@@ -119,7 +119,7 @@ def test_trrd_alpha_one_is_the_grpo_ratio(_: None, seed: int) -> None:
     logp_old, logp_t = logp - 0.1 * torch.randn(3, 4, generator=g, dtype=F64), -torch.rand(3, 4, generator=g, dtype=F64)
     adv, mask = torch.randn(3, generator=g, dtype=F64), torch.ones(3, 4, dtype=torch.bool)
     ref, _ = clipped_ratio_loss(logp, logp_old, adv, mask)
-    out, _ = trrd_loss(logp, logp_old, logp_t, adv, mask, alpha=1.0)
+    out, _ = trrd_loss(logp, logp_old, adv, mask, logp_teacher=logp_t, alpha=1.0)
     assert torch.allclose(out, ref, atol=1e-12)
 
 
@@ -128,14 +128,14 @@ def test_trrd_value_and_gradient_paths() -> None:
     logp = (-torch.rand(2, 3, generator=g, dtype=F64)).requires_grad_(True)
     logp_old, logp_t = logp.detach() - 0.01, logp.detach() - 0.02
     adv, mask = torch.tensor([1.0, 1.0], dtype=F64), torch.ones(2, 3, dtype=torch.bool)
-    full, _ = trrd_loss(logp, logp_old, logp_t, adv, mask, alpha=0.5)
+    full, _ = trrd_loss(logp, logp_old, adv, mask, logp_teacher=logp_t, alpha=0.5)
     # ratio against the geometric mixture: exp(alpha (l - l_old) + (1 - alpha)(l - l_T)), clip inactive here
     want = torch.exp(0.5 * (logp - logp_old) + 0.5 * (logp - logp_t)).detach()
     assert torch.allclose(full, -want)
     # first inner step (logp_old == logp): both gradient readings share the value; gradients differ by alpha
     at_old = logp.detach()
-    a, _ = trrd_loss(logp, at_old, logp_t, adv, mask, alpha=0.5)
-    b, _ = trrd_loss(logp, at_old, logp_t, adv, mask, alpha=0.5, teacher_grad=False)
+    a, _ = trrd_loss(logp, at_old, adv, mask, logp_teacher=logp_t, alpha=0.5)
+    b, _ = trrd_loss(logp, at_old, adv, mask, logp_teacher=logp_t, alpha=0.5, teacher_grad=False)
     assert torch.allclose(a, b)
     (ga,) = torch.autograd.grad(a.sum(), logp)
     (gb,) = torch.autograd.grad(b.sum(), logp)
@@ -208,8 +208,8 @@ def test_eos_teacher_mask_makes_the_last_token_irrelevant(logp: torch.Tensor, ma
     assert torch.equal(a[torch.arange(3), last], torch.zeros(3, dtype=F64))
     assert torch.equal(a, opd_token_advantages(changed, logp, mask, teacher_mask=tm))
     adv = torch.ones(3, dtype=F64)
-    l1, _ = trrd_loss(logp, logp, teacher, adv, mask, teacher_mask=tm)
-    l2, _ = trrd_loss(logp, logp, changed, adv, mask, teacher_mask=tm)
+    l1, _ = trrd_loss(logp, logp, adv, mask, logp_teacher=teacher, teacher_mask=tm)
+    l2, _ = trrd_loss(logp, logp, adv, mask, logp_teacher=changed, teacher_mask=tm)
     assert torch.equal(l1, l2)
 
 
@@ -230,3 +230,17 @@ def test_topk_overlap_of_identical_policies_is_complete(logits: torch.Tensor, k:
     ratio, shared = topk_overlap(ls, ls, k=k)
     assert torch.allclose(ratio, torch.ones(2, dtype=F64))
     assert torch.allclose(shared, ls.exp().topk(k, -1).values.sum(-1))
+
+
+@given(rule_inputs(), log_probs((1,), low=-1.0))
+def test_opd_policy_loss_is_ppo_on_the_rule(inp: tuple[torch.Tensor, ...], shift: torch.Tensor) -> None:
+    _, a_hat, d, mask = inp
+    logp_old = -torch.rand(d.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
+    logp = logp_old + 0.1 * float(shift)
+    teacher = logp_old + d  # so that the OPD signal is exactly d on the mask
+    kd, _ = opd_policy_loss(logp, logp_old, a_hat, mask, logp_teacher=teacher, beta=0.2)
+    ref, _ = clipped_ratio_loss(logp, logp_old, kdrl_advantages(a_hat, d, mask, beta=0.2), mask)
+    assert torch.allclose(kd, ref, atol=1e-12)
+    pure, _ = opd_policy_loss(logp, logp_old, a_hat, mask, logp_teacher=teacher)
+    ref_opd, _ = clipped_ratio_loss(logp, logp_old, opd_token_advantages(teacher, logp_old, mask), mask)
+    assert torch.allclose(pure, ref_opd, atol=1e-12)

@@ -276,3 +276,19 @@ def test_bad_inputs_raise_named_errors() -> None:
         zscore_rewards(torch.tensor([1.0, float("nan")]))
     with pytest.raises(DomainError, match="population"):
         evolution_strategy(population=3, sigma=0.1, lr=0.1, antithetic=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pure_functions_do_not_mutate_and_keep_dtype(dtype: torch.dtype) -> None:
+    """Contract: no input mutation, float32 and float64, finite outputs (all-equal rewards included)."""
+    g = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(3, 2, generator=g, dtype=dtype)}
+    pop = antithetic_population(torch.tensor([4, 8]))
+    for r in (torch.randn(4, generator=g, dtype=dtype), torch.full((4,), 2.0, dtype=dtype)):
+        snapshot = (params["w"].clone(), r.clone(), pop.seeds.clone(), pop.signs.clone())
+        outs = [zscore_rewards(r), centered_rank_rewards(r), es_step(params, pop, r, lr=0.1)["w"]]
+        outs.append(perturbed_params(params, pop, sigma=0.1)["w"])
+        assert all(bool(torch.isfinite(o).all()) for o in outs)
+        assert outs[0].dtype == outs[1].dtype == dtype and outs[3].dtype == dtype
+        after = (params["w"], r, pop.seeds, pop.signs)
+        assert all(torch.equal(a, b) for a, b in zip(snapshot, after, strict=True))

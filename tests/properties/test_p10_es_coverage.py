@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.estimators import pass_at_k
+from posttrain.estimators.coverage import accuracy_bins, answer_entropy, majority_vote_correct
 from posttrain.estimators.es import antithetic_population, es_gradient, es_step, population_noise
 from posttrain.simulators.es_toys import init_params, make_bandit, train_es
 from posttrain.theory.es_coverage import exact_pass_at_k, regression_progression, zero_bin_fraction
@@ -107,3 +108,36 @@ def test_es_training_is_seedwise_and_batched_equals_alone() -> None:
     for k in p_both:
         torch.testing.assert_close(p_both[k][1], p_alone[k][0], rtol=0, atol=0)
     assert float(p_both["b"].abs().sum()) > 0
+
+
+@given(seed=seeds, x=st.integers(1, 30), n=st.integers(1, 16), width=st.sampled_from([0.1, 0.25, 0.5, 1.0]))
+def test_accuracy_bins(seed: int, x: int, n: int, width: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    correct = torch.rand(x, n, generator=g) < torch.rand(x, 1, generator=g)
+    bins = accuracy_bins(correct, width=width)
+    assert int(bins.sum()) == x and int(bins[0]) == int((correct.sum(-1) == 0).sum())
+    assert int(bins[-1]) == int(correct.all(-1).sum())
+
+
+@given(seed=seeds, x=st.integers(1, 10), n=st.integers(1, 12), labels=st.integers(1, 6))
+def test_answer_entropy_bounds(seed: int, x: int, n: int, labels: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    answers = torch.randint(-1, labels, (x, n), generator=g)
+    h = answer_entropy(answers)
+    for row, hx in zip(answers, h.tolist(), strict=True):
+        uniq = set(row[row >= 0].tolist())
+        assert -1e-12 <= hx <= math.log(max(len(uniq), 1)) + 1e-12
+        assert (abs(hx) < 1e-12) == (len(uniq) <= 1)
+
+
+@given(seed=seeds, x=st.integers(1, 10), n=st.integers(1, 12), data=st.data())
+def test_majority_vote_relabelling_and_all_correct(seed: int, x: int, n: int, data: st.DataObject) -> None:
+    g = torch.Generator().manual_seed(seed)
+    answers = torch.randint(-1, 5, (x, n), generator=g)
+    gold = torch.randint(0, 5, (x,), generator=g)
+    k = data.draw(st.integers(1, n))
+    base = majority_vote_correct(answers, gold, k=k)
+    perm = torch.randperm(100, generator=g) + 10  # wrong answers -> new distinct labels, gold kept
+    relabelled = torch.where((answers >= 0) & (answers != gold[:, None]), perm[answers.clamp_min(0)], answers)
+    assert torch.equal(majority_vote_correct(relabelled, gold, k=k), base)
+    assert bool(majority_vote_correct(gold[:, None].expand(x, n).contiguous(), gold, k=k).all())

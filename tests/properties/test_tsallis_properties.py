@@ -4,6 +4,8 @@ limits, zero weights, scaling, bias, consistency, escape times, escort minimiser
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -60,7 +62,7 @@ def bandits(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.unsqueeze(0), correct.unsqueeze(0)
 
 
-def _grad(fn, logits: torch.Tensor) -> torch.Tensor:
+def _grad(fn: Callable[[torch.Tensor], torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
     theta = logits.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(fn(theta).sum(), theta)
     return g
@@ -77,6 +79,13 @@ def test_gradient_identity(b: tuple[torch.Tensor, torch.Tensor], q: float) -> No
     torch.testing.assert_close(g_q, p.unsqueeze(-1) ** (-q) * g_0, rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(g_q, p.unsqueeze(-1) ** (1 - q) * g_1, rtol=1e-6, atol=1e-12)
     torch.testing.assert_close(g_0, -reward_gradient(logits, correct.to(torch.float64)), rtol=1e-10, atol=1e-14)
+    grad_p = _grad(lambda t: success_prob(t, correct), logits)
+    torch.testing.assert_close(g_q, th.ell_q_gradient(p.unsqueeze(-1), grad_p, q), rtol=1e-6, atol=1e-12)
+
+
+def test_gradient_identity_factor_is_symbolically_minus_p_to_the_minus_q() -> None:
+    p, q, deriv = th.symbolic_ell_q_derivative()
+    assert sp.simplify(deriv + p ** (-q)) == 0
 
 
 @given(b=bandits())
@@ -99,7 +108,7 @@ def weight_batches(draw: st.DrawFn) -> torch.Tensor:
     return torch.log(w)
 
 
-def _surrogate_grad(loss_fn, logp: torch.Tensor, **kw) -> torch.Tensor:
+def _surrogate_grad(loss_fn: Callable[..., tuple[torch.Tensor, object]], logp: torch.Tensor, **kw: Any) -> torch.Tensor:
     x = logp.clone().requires_grad_(True)
     loss, _ = loss_fn(x, **kw)
     (g,) = torch.autograd.grad(loss.sum() / x.shape[0], x)
@@ -145,7 +154,11 @@ def test_paft_expectation_over_resampling_equals_garl_b0(log_w: torch.Tensor, q:
 def test_all_zero_weights_give_exactly_zero_loss_and_gradient(q: float, g: int, m: int) -> None:
     log_w = torch.full((g, m), -math.inf, dtype=torch.float64)
     logp, mask, ans = _logp_and_masks(g * m)
-    for fn, kw in ((garl_loss, {}), (paft_loss, {"uniforms": torch.full((g, 2), 0.5, dtype=torch.float64)})):
+    cases: list[tuple[Callable[..., Any], dict[str, Any]]] = [
+        (garl_loss, {}),
+        (paft_loss, {"uniforms": torch.full((g, 2), 0.5, dtype=torch.float64)}),
+    ]
+    for fn, kw in cases:
         x = logp.clone().requires_grad_(True)
         loss, diag = fn(x, mask, log_w, q=q, answer_mask=ans, **kw)
         loss.sum().backward()

@@ -11,6 +11,7 @@ from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators import pass_at_k
 from posttrain.simulators import bandits as bd
 from posttrain.simulators._base import SeedRNG
+from posttrain.simulators.bandits import success_prob
 
 Z = 5.0  # tolerance in standard errors for every Monte Carlo comparison in this file
 
@@ -103,3 +104,11 @@ def test_bad_inputs_raise() -> None:
         bd.sample_arms(logits, 0, torch.Generator())
     with pytest.raises(DomainError, match="rewards"):
         bd.SoftmaxBandit(torch.full((1, 2), 2.0, dtype=torch.float64))
+
+
+def test_prior_logits_raise_success_with_boost() -> None:
+    env, _ = _env_and_logits(9)
+    cold = env.prior_logits(scale=0.3, generator=torch.Generator().manual_seed(0))
+    warm = env.prior_logits(scale=0.3, generator=torch.Generator().manual_seed(0), boost=3.0)
+    assert bool((success_prob(warm, env.correct) > success_prob(cold, env.correct)).all())
+    assert env.prior_logits(scale=1.0, generator=torch.Generator(), seeds=4).shape == (4, 3, 6)

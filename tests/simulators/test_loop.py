@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from posttrain.estimators import group_normalized_advantages
@@ -17,7 +19,7 @@ def _bandit() -> SoftmaxBandit:
     )
 
 
-def _sgd(lr: float):
+def _sgd(lr: float) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
     return lambda ps: torch.optim.SGD(ps, lr=lr)
 
 

@@ -121,3 +121,18 @@ def test_seed_batching_and_bad_inputs() -> None:
         token_logp(spec, table[..., :2], both)
     with pytest.raises(DomainError, match="V\\^T"):
         enumerate_sequences(TabularSpec(vocab=20, horizon=5))
+
+
+def test_exact_kl_and_entropy_match_monte_carlo() -> None:
+    spec = TabularSpec(vocab=3, horizon=3, eos=2)
+    env = TabularEnv(
+        spec, TargetVerifier.random(spec, num_prompts=2, num_correct=1, generator=torch.Generator().manual_seed(0))
+    )
+    student, teacher = _table(spec, seed=5), _table(spec, seed=6)
+    n = 20_000
+    tokens, _, logp = sample_sequences(spec, student, n, torch.Generator().manual_seed(7))
+    seq_s = logp.sum(-1)
+    seq_t = token_logp(spec, teacher, tokens).sum(-1)
+    for samples, exact in ((seq_s - seq_t, env.kl(student, teacher)), (-seq_s, env.entropy(student))):
+        mean, se = samples.mean(-1), samples.std(-1) / math.sqrt(n)
+        assert bool(((mean - exact).abs() <= Z * se).all())

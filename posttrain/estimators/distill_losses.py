@@ -1,0 +1,132 @@
+r"""Policy losses that use the teacher inside the loss (spec 01's TRRD, and OPD / KDRL for a trainer).
+
+They follow the trainer's calling convention ``loss(logp, logp_old, advantages, mask, **needs)``:
+``logp_teacher`` is a keyword-only argument, so an LLM trainer that fills batch fields named in a
+loss's signature (``posttrain.llm.algorithm``) runs the teacher forward for exactly these losses.
+``advantages`` are the RL advantages :math:`\hat A` (``[B]`` or ``[B, T]``).
+
+Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from posttrain.estimators._registry import register_policy_loss
+from posttrain.estimators.distill import eos_teacher_mask, opd_token_advantages, zero_off_mask
+from posttrain.estimators.losses import (
+    ClipDiagnostics,
+    _check_clip,
+    _check_policy_inputs,
+    _masked_with_diagnostics,
+    clipped_ratio_loss,
+    ppo_clip_objective,
+)
+from posttrain.validate import check_float, check_in_range, check_mask, check_positive, check_same_shape
+
+__all__ = ["opd_policy_loss", "trrd_loss"]
+
+_PAPER = "Li et al. 2026, Sequential Beats Joint, arXiv:2609.04108"
+
+
+def _teacher_signal(
+    logp_teacher: Tensor, logp_old: Tensor, mask: Tensor, teacher_mask: Tensor | None, mask_final_token: bool
+) -> Tensor:
+    check_float("logp_teacher", logp_teacher)
+    check_same_shape("logp_old", logp_old, logp_teacher=logp_teacher)
+    tm = eos_teacher_mask(mask) if mask_final_token else mask
+    if teacher_mask is not None:
+        tm = tm & check_mask("teacher_mask", teacher_mask, mask.shape)
+    return opd_token_advantages(logp_teacher, logp_old, mask, teacher_mask=tm)
+
+
+@register_policy_loss("opd", paper=_PAPER)
+def opd_policy_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    logp_teacher: Float[Tensor, "B T"],
+    beta: float | None = None,
+    mask_final_token: bool = False,
+    teacher_mask: Bool[Tensor, "B T"] | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
+    r"""PPO-clip loss on the OPD advantage :math:`d_t` (``beta=None``) or on KDRL's :math:`\hat A + \beta d_t`.
+
+    .. math:: d_t = \mathrm{sg}[\ell^T_t - \ell^{old}_t],\qquad
+              A_t = d_t\ \ (\beta = \text{None})\quad\text{or}\quad A_t = \hat A_t + \beta d_t
+
+    ``mask_final_token`` applies spec 01's EOS rule (teacher terms 0 on each row's last token).
+
+    Example:
+        >>> lp = torch.zeros(1, 2)
+        >>> m = torch.ones(1, 2, dtype=torch.bool)
+        >>> loss, _ = opd_policy_loss(lp, lp, torch.zeros(1), m, logp_teacher=torch.full((1, 2), -0.5))
+        >>> loss.tolist()
+        [[0.5, 0.5]]
+    """
+    d = _teacher_signal(logp_teacher, logp_old, mask, teacher_mask, mask_final_token)
+    if beta is None:
+        adv = d
+    else:
+        a_hat = _check_policy_inputs(logp, logp_old, advantages, mask)
+        adv = zero_off_mask(a_hat, mask) + check_positive("beta", beta, strict=False) * d
+    return clipped_ratio_loss(logp, logp_old, adv, mask, clip_low=clip_low, clip_high=clip_high)
+
+
+@register_policy_loss("trrd", paper=_PAPER)
+def trrd_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    logp_teacher: Float[Tensor, "B T"],
+    alpha: float = 0.5,
+    mask_final_token: bool = False,
+    teacher_mask: Bool[Tensor, "B T"] | None = None,
+    teacher_grad: bool = True,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
+    r"""TRRD: PPO-clip loss with the ratio against the geometric mixture :math:`\pi_{old}^\alpha\pi_T^{1-\alpha}`.
+
+    .. math:: \log\rho_t = \alpha(\ell_t - \ell^{old}_t) + (1-\alpha)(\ell_t - \ell^T_t)
+              = (\ell_t - \ell^{old}_t) - (1-\alpha)\,d_t
+
+    with :math:`d_t = \ell^T_t - \ell^{old}_t` (0 outside the teacher mask), i.e.
+    :math:`\rho = r^\alpha e^{-(1-\alpha)d_t}` in value. *Reconstructed reading* (spec 01 §10): the
+    gradient flows through :math:`\ell` in both terms; ``teacher_grad=False`` keeps only
+    :math:`\alpha\nabla\ell` (the teacher factor as a constant). ``alpha = 1`` is the GRPO ratio.
+    The advantage is the unmodified :math:`\hat A`, so the sign of :math:`A` never changes.
+
+    Args:
+        logp, logp_old, logp_teacher: ``[B, T]`` log-probs of the sampled tokens.
+        advantages: ``[B]`` or ``[B, T]``. mask, teacher_mask: ``[B, T]`` boolean.
+        alpha: :math:`\alpha \in [0, 1]`; the paper uses 0.5.
+
+    Returns:
+        ``(loss [B, T], ClipDiagnostics)``.
+
+    Example:
+        >>> lp = torch.zeros(1, 1)
+        >>> m = torch.ones(1, 1, dtype=torch.bool)
+        >>> loss, _ = trrd_loss(lp, lp, torch.ones(1), m, logp_teacher=torch.log(torch.tensor([[0.5]])))
+        >>> round(float(loss), 4)  # rho = 2 ** 0.5 clipped to 1.2
+        -1.2
+    """
+    _check_clip(clip_low, clip_high, None)
+    alpha = check_in_range("alpha", alpha, 0.0, 1.0)
+    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    d = _teacher_signal(logp_teacher, logp_old, mask, teacher_mask, mask_final_token)
+    lr = zero_off_mask(logp - logp_old, mask)  # NaN off the mask never reaches the ratio or a gradient
+    log_rho = lr - (1.0 - alpha) * d if teacher_grad else alpha * lr - (1.0 - alpha) * d
+    log_rho = log_rho.clamp(-20.0, 20.0)
+    rho = torch.exp(log_rho)
+    loss, clipped, dual = ppo_clip_objective(rho, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
+    return _masked_with_diagnostics(loss, clipped, dual, log_rho, rho, mask)
