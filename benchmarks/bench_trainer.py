@@ -7,7 +7,7 @@ Reports the median step time after warm-up, generated tokens per second, their r
 ours <= 0.5x TRL's step time), the share of our step spent in generation, and, where vLLM is
 installed, our trainer with the vLLM engine against the HF engine.
 
-    python -m benchmarks.bench_trainer [--steps 8] [--warmup 2] [--threads 2]
+    python -m benchmarks.bench_trainer [--steps 16] [--warmup 3] [--threads 2]
 
 TRL comes from the ``[trl]`` extra and vLLM from ``make test-vllm``'s venv; a missing one is
 skipped with the reason printed. This is a measurement: the exit status is 0 either way.
@@ -66,6 +66,7 @@ def trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
 
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from posttrain.llm.tasks import make_task
@@ -117,6 +118,7 @@ def trl(args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
             processing_class=tok,
             callbacks=[Clock()],
         )
+        trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
         trainer.train()
         lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     step = statistics.median(times[args.warmup :])
@@ -134,8 +136,8 @@ def _line(name: str, r: dict[str, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_trainer", description=__doc__)
-    p.add_argument("--steps", type=int, default=8, help="timed steps per side")
-    p.add_argument("--warmup", type=int, default=2, help="untimed first steps per side")
+    p.add_argument("--steps", type=int, default=16, help="timed steps per side")
+    p.add_argument("--warmup", type=int, default=3, help="untimed first steps per side")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step (G)")
     p.add_argument("--k", type=int, default=8, help="samples per prompt (K)")
     p.add_argument("--tokens", type=int, default=16, help="max new tokens")

@@ -21,13 +21,16 @@ app = typer.Typer(
 console = Console()
 
 # Modules whose import registers estimators, checks, ... (kept in one list so `list` sees all).
-REGISTERING_MODULES = ["posttrain.estimators", "posttrain.paper_checks"]
+REGISTERING_MODULES = ["posttrain.estimators", "posttrain.estimators.optim", "posttrain.estimators.projections", "posttrain.paper_checks"]
 
 
 def load_registries() -> None:
     """Import every module that registers something."""
     for name in REGISTERING_MODULES:
         importlib.import_module(name)
+    from posttrain.paper_checks import load_all
+
+    load_all()
 
 
 @app.command("list")

@@ -8,8 +8,9 @@ exact expectation over the student's next-token distribution (or its top-k part)
 
 Shapes: ``[B, T]`` token tensors with a boolean ``mask``; ``[B, T, V]`` full log-prob tables;
 ``[B, T, K]`` top-k columns (here ``K`` is the top-k support size, as in specs 08 and 13).
-The combination rules of spec 01 (KDRL, SRPO, RLSD, TRRD, OPD-then-RL, ...) live in
-:mod:`posttrain.estimators.distill_rules`.
+The combination rules of spec 01 (KDRL, SRPO, RLSD, OPD-then-RL, ...) live in
+:mod:`posttrain.estimators.distill_rules`; the losses that take the teacher inside the loss (TRRD,
+and OPD / KDRL for the LLM trainer) in :mod:`posttrain.estimators.distill_losses`.
 
 References: Agarwal et al. 2024, On-policy distillation (GKD, arXiv:2306.13649); Li et al. 2026,
 Sequential Beats Joint (arXiv:2609.04108).

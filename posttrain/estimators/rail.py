@@ -99,7 +99,8 @@ def recoverability_gain(
     check_mask("base_mask", base_mask, base_rewards.shape)
     both = torch.cat([base_rewards, branch_rewards], dim=-1)
     both_mask = torch.cat([base_mask, branch_mask], dim=-1)
-    return _population_var(both, both_mask) - _population_var(base_rewards, base_mask)
+    gain = _population_var(both, both_mask) - _population_var(base_rewards, base_mask)
+    return torch.where(branch_mask.any(dim=-1), gain, torch.zeros((), dtype=gain.dtype))  # exactly 0 with no branch
 
 
 def recency_weights(

@@ -40,6 +40,9 @@ ENGINES = ("hf", "vllm")
 SCHEDULERS = ("constant", "linear", "cosine")
 
 
+MODEL_OPTIMIZERS = {"MuonWithAdamW": "posttrain.llm.optimizers"}
+"""Optimizers built from the model (they need parameter names), not only its parameters: name -> module."""
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy: ``path`` (local directory or hub id) or, when null, a tiny model built in ``out/tiny``."""
@@ -228,7 +231,7 @@ def validate_names(cfg: RunConfig) -> RunConfig:
         and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
         and n != "Optimizer"
     ]
-    _one_of("optim.name", cfg.optim.name, optimizers)
+    _one_of("optim.name", cfg.optim.name, optimizers + sorted(MODEL_OPTIMIZERS))
     _one_of("model.dtype", cfg.model.dtype, ("float32", "float64", "bfloat16", "float16"))
     for where, value in (
         ("data.prompts_per_step", cfg.data.prompts_per_step),

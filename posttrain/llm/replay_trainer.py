@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from posttrain.estimators.replay import ReplayBuffer, replay_add, replay_init, replay_rule, replay_select
+from posttrain.llm._derived import rebuild_as
 from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.generate import token_logprobs
 from posttrain.llm.trainer import Trainer
@@ -77,10 +78,7 @@ class ReplayTrainer(Trainer):
     @classmethod
     def from_trainer(cls, trainer: Trainer, **replay: Any) -> ReplayTrainer:
         """A replay trainer on the same model, task, engine, algorithm and fillers (fresh optimizer)."""
-        return cls(
-            trainer.cfg, model=trainer.model, tokenizer=trainer.tokenizer, task=trainer.task, engine=trainer.engine,
-            algorithm=trainer.algorithm, out_dir=trainer.out_dir, fillers=trainer.fillers, **replay,
-        )  # fmt: skip
+        return rebuild_as(cls, trainer, **replay)
 
     # ------------------------------------------------------------------ phase E (deferred ingress)
     def _ingress(self, fresh: RolloutBatch, step: int) -> None:

@@ -11,6 +11,11 @@ Simplifications (stated, not hidden):
 - No critic: PPO-clip uses group-relative advantages.
 - A step is: one rollout batch of G prompts x K samples, then ``updates_per_batch`` optimizer
   steps on the whole batch, each accumulating gradients over micro-batches of whole groups.
+- Metrics per step (``metrics.jsonl``): ``step``, ``reward_mean``, ``reward_std``, ``kl`` (mean
+  estimator value to the reference model, null without a KL term), ``entropy`` (mean token
+  entropy of the sampled responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``,
+  ``clip_frac`` and ``policy_kl`` (last update), ``logp_gap`` (mean ``|logp_old - logp|`` at the
+  first, on-policy update: the engine/trainer mismatch), ``gen_time_s``, ``step_time_s``.
 - Data-parallel (``torch.distributed`` initialised, e.g. under ``torchrun``): every rank samples the
   same G problems and keeps its contiguous share of the groups; the aggregation normaliser is
   all-reduced so the loss, and the DDP-averaged gradient, equal one process on the global batch.
@@ -19,6 +24,7 @@ Simplifications (stated, not hidden):
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 import random
@@ -34,7 +40,7 @@ from posttrain.estimators import aggregate, masked_mean
 from posttrain.llm.algorithm import Algorithm, normaliser
 from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.checkpoint import latest_checkpoint, load_state, save_checkpoint
-from posttrain.llm.config import RunConfig
+from posttrain.llm.config import MODEL_OPTIMIZERS, RunConfig
 from posttrain.llm.generate import RolloutEngine, token_logprobs
 from posttrain.llm.tasks import Task
 from posttrain.llm.text import decode_responses, encode_prompts
@@ -44,8 +50,14 @@ __all__ = ["Trainer", "make_optimizer", "make_scheduler"]
 Filler = Callable[[RolloutBatch], torch.Tensor]
 
 
-def make_optimizer(cfg: RunConfig, params: Iterator[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """``torch.optim.<optim.name>(params, lr=optim.lr, **optim.options)``; AdamW by default."""
+def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """``torch.optim.<optim.name>(trainable params, lr=optim.lr, **optim.options)`` (AdamW by default), or
+    an optimizer of :data:`MODEL_OPTIMIZERS` built from the model, e.g. ``MuonWithAdamW`` (Muon on hidden
+    matrices, AdamW on the rest; ``options: {adamw_lr: ...}``)."""
+    if cfg.optim.name in MODEL_OPTIMIZERS:
+        module = importlib.import_module(MODEL_OPTIMIZERS[cfg.optim.name])
+        return getattr(module, cfg.optim.name)(model, lr=cfg.optim.lr, **cfg.optim.options)  # type: ignore[no-any-return]
+    params = (p for p in model.parameters() if p.requires_grad)
     opt_cls = getattr(torch.optim, cfg.optim.name)
     return opt_cls(params, lr=cfg.optim.lr, **cfg.optim.options)  # type: ignore[no-any-return]
 
@@ -108,7 +120,7 @@ class Trainer:
             raise ValueError(
                 f"algorithm needs {missing} but the trainer has no way to compute them (e.g. set model.teacher)"
             )
-        self.optimizer = make_optimizer(cfg, (p for p in model.parameters() if p.requires_grad))
+        self.optimizer = make_optimizer(cfg, model)
         self.scheduler = make_scheduler(cfg, self.optimizer)
         self.data_rng = random.Random(cfg.seed)
         self.step = 0

@@ -17,7 +17,9 @@ equal), update ``z_p += 0.5 lr (e_correct - e_wrong)``. Accounting with one toke
 
 Simplifications: model size is only a FLOP multiplier plus a prior-quality offset (no capacity);
 the down-sampled pair is charged even when a prompt is skipped (the planned ``k = 2``). Orderings
-of argmaxes are single events over seed means, recorded as +1/-1 differences.
+of argmaxes are single events over seed means, recorded as +1/-1 differences. The RACE fit
+(:func:`posttrain.theory.race_fit.race_fit` on the 5-point frontier of each condition) is reported,
+not asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
+from posttrain.theory.race_fit import race_fit
 from posttrain.theory.race_flops import PolicyCost, RewardCost, RewardKind, flops_per_step
 
 SIZES = {"S": (1.0, -3.0), "M": (3.0, -1.5), "L": (14.0, 0.0)}
@@ -136,6 +139,10 @@ def run(config: Config) -> Result:
         for j, group in enumerate(grid):
             metrics.append(Metric(f"P(correct) {label} G={group} (p={p_of[key][j]:.2f})", tuple(acc[key][:, j])))
         metrics.append(Metric(f"best p {label}", (p_of[key][best(key)],)))
+        fit = race_fit(np.asarray(p_of[key]), acc[key].mean(axis=0))  # reported only: the RACE diagnostic
+        metrics.append(
+            Metric(f"RACE quadratic p_opt {label} ({fit.regime}, best fit {fit.best_model.value})", (fit.p_opt,))
+        )
 
     def indicator(name: str, ok: bool, reason: str) -> Comparison:
         return Comparison(name, (1.0 if ok else -1.0,), margin_reason=reason)

@@ -25,6 +25,8 @@ from posttrain.llm.generate import token_logprobs
 from posttrain.llm.trainer import Trainer
 from tests.llm.fakes import FixedEngine, TableTask
 
+pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
+
 G, K = 3, 4
 # B = 12 responses of different lengths (token ids of the char vocabulary; 3 = <eos>)
 RESPONSES = [[5 + (i % 7)] * (1 + i % 5) + [3] for i in range(G * K)]

@@ -13,6 +13,8 @@ from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.generate import HFEngine, RolloutEngine, SamplingConfig, response_mask, token_logprobs
 from posttrain.llm.tiny import ALPHABET, TinyConfig, build_tiny
 
+pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
+
 
 def test_tiny_roundtrip_through_auto_classes(tiny: tuple[Any, Any]) -> None:
     model, tok = tiny

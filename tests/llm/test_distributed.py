@@ -13,6 +13,8 @@ from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import config_from_dict
 from tests.llm.fakes import FixedEngine, TableTask
 
+pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
+
 G, K = 4, 2
 RESPONSES = [[5 + (i % 7)] * (1 + i % 4) + [3] for i in range(G * K)]
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")

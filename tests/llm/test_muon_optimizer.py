@@ -75,3 +75,38 @@ def test_state_dict_round_trip_continues_identically() -> None:
         opt.step()
     for (n, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), n
+
+
+def test_trainer_runs_and_resumes_with_muon(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`optim.name: MuonWithAdamW` is selectable in a run config; a resumed run matches an uninterrupted one."""
+    import json
+
+    from posttrain.llm.config import config_from_dict
+    from posttrain.llm.optimizers import MuonWithAdamW
+    from posttrain.llm.run import build_trainer
+
+    raw = {
+        "model": {"tiny": {"num_hidden_layers": 1}},
+        "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": 4, "sft_steps": 2,
+                 "sft_batch_size": 8, "sft_lr": 1e-3, "eval_prompts": 4},
+        "rollout": {"group_size": 4, "max_new_tokens": 3},
+        "algorithm": {"method": "grpo"},
+        "optim": {"steps": 3, "lr": 0.01, "name": "MuonWithAdamW", "options": {"adamw_lr": 1e-3},
+                  "scheduler": "constant"},
+        "checkpoint": {"every": 1, "keep": 3},
+        "logging": {"progress": False},
+    }
+    cfg = config_from_dict(raw)
+    full = build_trainer(cfg, tmp_path / "full")
+    assert isinstance(full.optimizer, MuonWithAdamW)
+    full.fit()
+    part = build_trainer(config_from_dict({**raw, "optim": {**raw["optim"], "steps": 2}}), tmp_path / "part")
+    part.fit()
+    resumed = build_trainer(cfg, tmp_path / "part", resume=True)
+    resumed.fit()
+
+    def rows(p):  # type: ignore[no-untyped-def]
+        out = [json.loads(x) for x in (p / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.endswith("time_s")} for r in out]
+
+    assert rows(tmp_path / "full")[-1] == rows(tmp_path / "part")[-1]

@@ -8,24 +8,13 @@ from typing import Any
 
 import pytest
 
-from posttrain.llm.config import config_from_dict, load_config
+from posttrain.llm.config import load_config
 from posttrain.llm.replay_trainer import ReplayTrainer
 from posttrain.llm.run import build_trainer
+from tests.llm._lift import small_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
 VOLATILE = {"step_time_s", "gen_time_s"}
-
-
-def _small() -> Any:
-    return config_from_dict({
-        "model": {"tiny": {"num_hidden_layers": 1}},
-        "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": 4, "sft_steps": 2,
-                 "sft_batch_size": 8, "eval_prompts": 4},
-        "rollout": {"group_size": 4, "max_new_tokens": 3},
-        "algorithm": {"method": "grpo"},
-        "optim": {"steps": 3, "lr": 1e-3, "updates_per_batch": 2},
-        "checkpoint": {"every": 0}, "logging": {"progress": False},
-    })  # fmt: skip
 
 
 def _clean(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -33,8 +22,10 @@ def _clean(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_zero_replay_budget_is_on_policy_grpo_bit_for_bit(tmp_path: Path) -> None:
-    plain = build_trainer(_small(), tmp_path / "plain").fit()
-    replay = ReplayTrainer.from_trainer(build_trainer(_small(), tmp_path / "replay"), k_rep=0).fit()
+    plain = build_trainer(small_config(steps=3, updates_per_batch=2), tmp_path / "plain").fit()
+    replay = ReplayTrainer.from_trainer(
+        build_trainer(small_config(steps=3, updates_per_batch=2), tmp_path / "replay"), k_rep=0
+    ).fit()
     assert _clean(plain) == _clean(replay)
     assert all(h["replay/groups"] == 0 for h in replay)
 

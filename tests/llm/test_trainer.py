@@ -19,6 +19,8 @@ from posttrain.llm.checkpoint import latest_checkpoint, load_state, save_checkpo
 from posttrain.llm.config import config_from_dict, load_config
 from posttrain.llm.run import build_trainer
 
+pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
 TIME_KEYS = {"step_time_s", "gen_time_s"}
 
@@ -178,3 +180,53 @@ def test_grpo_raises_held_out_reward_after_sft(tmp_path: Path) -> None:
     print("held-out reward gains per seed:", [round(g, 3) for g in gains])
     assert min(gains) >= MIN_GAIN_EACH, gains
     assert sum(gains) / len(gains) >= MIN_GAIN_MEAN, gains
+
+
+def test_evaluate_pass_at_k_from_known_counts(tiny: tuple[Any, Any]) -> None:
+    """evaluate() groups samples by prompt correctly: pass@k equals 1 - C(n-c, k)/C(n, k) for known c."""
+    import math
+    import random as _random
+    from collections.abc import Sequence
+
+    from posttrain.llm.evaluate import evaluate
+    from posttrain.llm.generate import Rollouts, left_pad
+    from posttrain.llm.tasks import Problem
+
+    model, tok = tiny
+    n, counts = 6, [0, 1, 3, 6, 2]  # correct samples per prompt
+
+    class Task:
+        def sample(self, rng: _random.Random, size: int) -> list[Problem]:
+            return [Problem(f"{i}+0=", "1") for i in range(size)]
+
+        def reward(self, problem: Problem, completion: str) -> float:
+            return float(completion == problem.answer)
+
+        def solution(self, problem: Problem, rng: _random.Random) -> str:
+            return "1"
+
+    class Engine:
+        def generate(self, prompts: Sequence[Sequence[int]], *, n: int, seed: int, greedy: bool = False) -> Rollouts:
+            ids, pmask = left_pad(prompts, 0)
+            good, bad = tok("1")["input_ids"][0], tok("2")["input_ids"][0]
+            rows = [
+                [good if (greedy and g % 2 == 0) or (not greedy and j < counts[g]) else bad, 3]
+                for g in range(len(prompts))
+                for j in range(n)
+            ]
+            resp = torch.tensor(rows)
+            mask = torch.ones(resp.shape, dtype=torch.bool)
+            return Rollouts(
+                ids.repeat_interleave(n, 0), pmask.repeat_interleave(n, 0), resp, mask, torch.zeros(resp.shape), n
+            )
+
+        def sync_weights(self, model: Any) -> None:
+            pass
+
+    out = evaluate(model, tok, Task(), n_prompts=len(counts), n_samples=n, ks=(1, 2, 4), engine=Engine())
+    for k in (1, 2, 4):
+        expected = sum(1 - math.comb(n - c, k) / math.comb(n, k) for c in counts) / len(counts)
+        assert out[f"pass@{k}"] == pytest.approx(expected, rel=1e-12)
+    assert out["mean@1"] == pytest.approx(sum(counts) / (n * len(counts)))
+    assert out["greedy_accuracy"] == pytest.approx(3 / 5)  # prompts 0, 2, 4
+    assert out["response_len"] == 2.0 and out["entropy"] > 0

@@ -55,6 +55,7 @@ def test_rollouts_with_logprobs_match_the_trainer(engine_and_model: tuple[VLLMEn
     assert bool((ends_with_eos | (lengths == 6)).all())  # stopped at <eos> or at max_new_tokens
     assert bool((r.logp[r.mask] < 0).all())
     diff = (r.logp - _recomputed(model, r)).abs()[r.mask]
+    print(f"max |vLLM - trainer| sampled-token log-prob: {float(diff.max()):.2e}")
     assert float(diff.max()) < LOGP_ATOL, float(diff.max())
     again = engine.generate(prompts, n=4, seed=3)
     assert torch.equal(r.response_ids, again.response_ids)  # per-request seed: reproducible

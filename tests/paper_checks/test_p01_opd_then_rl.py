@@ -32,3 +32,21 @@ def test_stacked_methods_are_independent_of_their_block_order() -> None:
 def test_full_verdict_reproduces_a_to_c() -> None:
     # spec 01 section 7: A-C hold with wide margins in the pilot (D is reported only)
     assert verdict_of(run(dataclasses.replace(Config(), methods=ASSERTED, seeds=3))).value == "reproduced"
+
+
+def test_opd_then_rl_runs_the_teacher_only_before_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posttrain.paper_checks.p01_opd_then_rl as p01
+    from posttrain.simulators.teacher_tabular import train_methods
+
+    calls: list[int] = []
+    original = p01.visited_token_logp
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(p01, "visited_token_logp", counting)  # the check's only teacher forward
+    cfg = dataclasses.replace(TINY, steps=9, switch=4)
+    env = p01._make_env(cfg)
+    train_methods(env.spec, env.student, env.targets, [p01._method("opd_then_rl", cfg, env)], steps=9, k=4, lr=0.05)
+    assert len(calls) == 4  # steps 1..S only

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
+import pytest
+
 from posttrain.paper_checks.base import Result, Verdict, verdict_of
 from posttrain.paper_checks.p18_dpo_design import Config, run
 from tests.paper_checks._es_contract import CheckContract
@@ -18,3 +21,13 @@ class TestP18(CheckContract):
     def test_smoke_reproduces(self, smoke_result: Result) -> None:
         # plug-in/uniform ~0.5 against a 0.75 threshold: robust at 10 draws x 10 replicates
         assert verdict_of(smoke_result) is Verdict.REPRODUCED
+
+
+@pytest.mark.slow
+def test_n_gap_tends_to_the_trace_on_a_small_instance() -> None:
+    """Spec 18 section 8, asymptotics: n E[gap] -> tr(I Sigma^+) within 30% at n = 8000, d = 5."""
+    result = run(Config(d=5, budgets=(8000,), seeds=20, replicates=10))
+    for name in ("plug-in", "uniform", "pi0-pair"):
+        n_gap = np.mean(next(m.per_seed for m in result.metrics if m.name == f"n*gap ({name}, n=8000)"))
+        trace = np.mean(next(m.per_seed for m in result.metrics if m.name == f"trace tr(I Sigma^+) ({name})"))
+        assert abs(n_gap / trace - 1.0) < 0.3, (name, n_gap, trace)
