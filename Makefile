@@ -55,7 +55,10 @@ lint: install
 	$(BIN)/mypy
 
 bench: install
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks --all
+	$(BIN)/python -m benchmarks.bench_dpo_design
+	$(BIN)/python -m benchmarks.bench_es
+	$(BIN)/python -m benchmarks.bench_trainer
 
 paper-checks: install
 	$(BIN)/posttrain check --out reports

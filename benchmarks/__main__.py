@@ -2,8 +2,13 @@
 
 Defaults are the issue's sizes: B=4096 sequences, T=1024 tokens, groups of K=8, float32 on CPU,
 one thread (the ratio is steadier on a shared machine; ``--threads 0`` keeps torch's default).
-``--small`` runs a tiny size (used by the smoke test). The exit status is 0 whether or not a
-target is met: this is a measurement, not a test.
+``--small`` runs a tiny size (used by the smoke test). ``--all`` adds the method families'
+row benchmarks (distillation signals, path-space estimators, SIS/replay, Muon step, SAR edit).
+The exit status is 0 whether or not a target is met: this is a measurement, not a test.
+
+Benchmarks with their own command line (multi-process or long): ``python -m benchmarks.bench_es``,
+``python -m benchmarks.bench_dpo_design``, ``python -m benchmarks.bench_trainer`` (``make bench`` runs
+them all).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=15, help="timed calls of each side (best is kept)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--small", action="store_true", help="tiny sizes, 2 repeats (smoke test)")
+    p.add_argument("--all", action="store_true", help="also the method families' row benchmarks")
     return p.parse_args(argv)
 
 
@@ -35,7 +41,32 @@ def run(args: argparse.Namespace) -> list[Row]:
         torch.set_num_threads(args.threads)
     rows = bench_advantages.run(b=b, k=k, repeats=repeats) + bench_policy_loss.run(b=b, t=t, repeats=repeats)
     toy = {"g": 4, "k": 4, "t": 3, "repeats": 1} if args.small else {}  # toy step: the issue's G=64, K=32, T=8
-    return rows + bench_simulators.run(**toy)
+    rows += bench_simulators.run(**toy)
+    if args.all:
+        rows += _families(small=args.small, repeats=repeats)
+    return rows
+
+
+def _families(*, small: bool, repeats: int) -> list[Row]:
+    """Row benchmarks of the method families, at their issues' sizes (tiny with ``small``)."""
+    from benchmarks import bench_distill, bench_offpolicy, bench_optim, bench_path_space, bench_sar
+
+    if small:
+        return (
+            bench_distill.run(b=8, t=16, k=4, repeats=1)
+            + bench_path_space.run(paths=16, steps=8, times=4, group=4, dims=(1,), repeats=1)
+            + bench_offpolicy.sis_rows(b=16, t=64, k=4, repeats=1)
+            + bench_offpolicy.replay_rows(groups=64, k=16, repeats=1)
+            + bench_optim.run(repeats=1, hidden=64, layers=1)
+        )
+    return (
+        bench_distill.run(repeats=repeats)
+        + bench_path_space.run()
+        + bench_offpolicy.sis_rows(b=512, t=4096, k=20, repeats=repeats)
+        + bench_offpolicy.replay_rows(groups=4096, k=16, repeats=repeats)
+        + bench_optim.run()
+        + bench_sar.run()
+    )
 
 
 def table(rows: list[Row]) -> Table:

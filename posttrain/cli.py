@@ -21,7 +21,12 @@ app = typer.Typer(
 console = Console()
 
 # Modules whose import registers estimators, checks, ... (kept in one list so `list` sees all).
-REGISTERING_MODULES = ["posttrain.estimators", "posttrain.estimators.optim", "posttrain.estimators.projections", "posttrain.paper_checks"]
+REGISTERING_MODULES = [
+    "posttrain.estimators",
+    "posttrain.estimators.optim",
+    "posttrain.estimators.projections",
+    "posttrain.paper_checks",
+]
 
 
 def load_registries() -> None:
@@ -92,7 +97,9 @@ def sar(
     base_dir: str = typer.Argument(..., help="Base checkpoint directory (safetensors)."),
     tuned_dir: str = typer.Argument(..., help="RL-tuned checkpoint directory from the same base."),
     out_dir: str = typer.Argument(..., help="Where to write the edited checkpoint."),
-    delta_fraction: float = typer.Option(0.01, "--rank", "--delta-fraction", help="k = max(1, floor(rank * min(m, n)))."),
+    delta_fraction: float = typer.Option(
+        0.01, "--rank", "--delta-fraction", help="k = max(1, floor(rank * min(m, n)))."
+    ),
     base_rank: int = typer.Option(None, "--base-rank", help="Base subspace rank r (default: full)."),
     mask: str = typer.Option("full", "--mask", help="full, diagonal or off_diagonal."),
     alpha: float = typer.Option(1.0, "--alpha", help="Scale of the projected update."),
@@ -102,8 +109,17 @@ def sar(
     """SAR: keep the rank-k part of an RL update aligned with the base's spectral frame (arXiv:2607.03065)."""
     from posttrain.llm.sar_edit import edit_checkpoint
 
-    report = edit_checkpoint(base_dir, [tuned_dir], out_dir, delta_fraction=delta_fraction, base_rank=base_rank,
-                             mask=mask, alphas=[alpha], save_dtype=dtype, randomized=not exact)
+    report = edit_checkpoint(
+        base_dir,
+        [tuned_dir],
+        out_dir,
+        delta_fraction=delta_fraction,
+        base_rank=base_rank,
+        mask=mask,
+        alphas=[alpha],
+        save_dtype=dtype,
+        randomized=not exact,
+    )
     _print_edit_report(report)
 
 
@@ -119,8 +135,9 @@ def merge(
     """Merge RL experts fine-tuned from one base (SAR-projected sum by default)."""
     from posttrain.llm.sar_edit import edit_checkpoint
 
-    report = edit_checkpoint(base_dir, tuned_dirs, out_dir, method=method, delta_fraction=delta_fraction,
-                             save_dtype=dtype)
+    report = edit_checkpoint(
+        base_dir, tuned_dirs, out_dir, method=method, delta_fraction=delta_fraction, save_dtype=dtype
+    )
     _print_edit_report(report)
 
 
@@ -131,10 +148,13 @@ REGISTERING_MODULES += ["posttrain.llm.algorithm", "posttrain.llm.tasks"]  # met
 
 app.command("train")(_llm_cli.train_command)
 app.command("eval")(_llm_cli.eval_command)
+app.command("es")(_llm_cli.es_command)
 
 
 @app.command("flops")
-def flops(config: str = typer.Argument(..., help="A training config YAML (llm format and/or a `flops:` section).")) -> None:
+def flops(
+    config: str = typer.Argument(..., help="A training config YAML (llm format and/or a `flops:` section)."),
+) -> None:
     """Print the RACE FLOP accounting (search / learning / reward, update fraction p) of a config."""
     from posttrain.theory.race_cli import print_flops
 

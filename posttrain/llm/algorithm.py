@@ -5,7 +5,11 @@ per-token policy loss, an aggregation mode and their options. :func:`build_algor
 the names in the estimator registries and returns an :class:`Algorithm` whose fields are plain
 callables; the trainer calls them and never looks at a name. What a method needs beyond the
 rollout (``logp_ref`` for a KL term, ``logp_teacher`` for a loss whose signature asks for it) is
-declared in ``Algorithm.needs`` and filled by the trainer.
+declared in ``Algorithm.needs`` and filled by the trainer. A method whose parts do not fit the
+``(logp, logp_old, advantages, mask)`` loss signature (GFlowRL's whole-group flow gaps) is registered
+as a :class:`MethodBundle`: a factory ``(horizon, **options) -> Algorithm`` named by import path,
+imported only when chosen; ``algorithm.options`` are its keyword options, and a KL term or entropy
+bonus set in the config is added to its bundle like to any other.
 
 Per token, the minimised quantity is
 
@@ -17,7 +21,9 @@ aggregation of each term with the same mode).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +45,15 @@ from posttrain.estimators import (
 from posttrain.llm.batch import RolloutBatch
 from posttrain.registry import registry
 
-__all__ = ["METHODS", "Algorithm", "MethodPreset", "build_algorithm", "normaliser"]
+__all__ = [
+    "METHODS",
+    "Algorithm",
+    "MethodBundle",
+    "MethodPreset",
+    "UpdateContext",
+    "build_algorithm",
+    "normaliser",
+]
 
 METHODS = registry("method")
 
@@ -53,6 +67,18 @@ class MethodPreset:
     aggregation: str
     loss_options: Mapping[str, Any] = field(default_factory=dict)
     advantage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MethodBundle:
+    """A method built by a factory ``module:function`` with signature ``(horizon, **options) -> Algorithm``."""
+
+    factory: str
+
+    def resolve(self) -> Callable[..., Algorithm]:
+        """Import the factory (lazily: the bundle's module imports this one)."""
+        module, _, name = self.factory.partition(":")
+        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
 METHODS.add(
@@ -86,6 +112,33 @@ METHODS.add(
     summary="PPO-clip with dual clip c=3 on group-normalised advantages (no critic), token mean.",
 )
 
+METHODS.add(
+    "gflowrl",
+    MethodBundle("posttrain.llm.gflowrl_algorithm:gflowrl_algorithm"),
+    paper="GFlowRL, spec 14 (trajectory balance with in-batch log-partition, flow-gap clipping)",
+    summary="GFlowRL: whole-group clipped flow gaps vs a reference, IS-corrected trajectory balance.",
+)
+
+METHODS.add(
+    "sis",
+    MethodBundle("posttrain.llm.sis_trainer:sis_algorithm"),
+    paper="Selective importance sampling, arXiv:2607.04728 (spec 16)",
+    summary="SIS: a token rejection test vs the behaviour top-K before every update, on any ratio-based preset.",
+)
+METHODS.add(
+    "opd_then_rl",
+    MethodBundle("posttrain.llm.distill_bundles:opd_then_rl_algorithm"),
+    paper="Li et al. 2026, Sequential Beats Joint, arXiv:2609.04108",
+    summary="OPD-then-RL: OPD advantages (teacher log-probs) up to switch_step, then GRPO; no teacher pass after.",
+)
+
+METHODS.add(
+    "exopd",
+    MethodBundle("posttrain.llm.distill_bundles:exopd_algorithm"),
+    paper="ExOPD / G-OPD reward extrapolation, arXiv:2602.12125 (spec 13 baseline)",
+    summary="ExOPD: PPO-clip on lam*(teacher - reference) - (student - reference); reference = model.reference.",
+)
+
 NEEDS_FROM_SIGNATURE = ("logp_ref", "logp_teacher")
 """Batch fields a policy loss may ask for by naming them as keyword parameters."""
 
@@ -111,6 +164,19 @@ def normaliser(mask: Bool[Tensor, "B T"], mode: AggregationMode, horizon: int) -
 
 
 @dataclass(frozen=True)
+class UpdateContext:
+    """What a bundle's ``before_update`` hook may use: the policy (no grad), the update index, a seed.
+
+    ``seed`` is ``run seed * 1_000_003 + completed steps * 101 + update`` (fresh per step and update).
+    """
+
+    model: Any
+    update: int
+    seed: int
+    temperature: float
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """The callables of one method; built by :func:`build_algorithm`, used by the trainer.
 
@@ -121,7 +187,14 @@ class Algorithm:
         horizon: the constant length of ``seq-mean-token-sum-norm`` (``rollout.max_new_tokens``).
         kl: ``(logp, logp_ref) -> [B, T]`` or None; ``kl_coef`` its weight.
         entropy_coef: weight of the entropy bonus (subtracted from the loss).
-        needs: batch fields the trainer must fill before the loss (e.g. ``{"logp_ref"}``).
+        needs: batch fields the trainer must fill before the loss (e.g. ``{"logp_ref"}``); for a
+            scheduled bundle, the union over its phases (the trainer checks it can fill them all).
+        schedule: ``step -> Algorithm``, the bundle used at a step counted from 1 (a pure function of
+            the step, e.g. OPD-then-RL's switch), or None for a bundle that never changes.
+        before_update: ``(batch, state, ctx) -> (batch, state, metrics)`` run before every optimizer
+            step of a rollout batch; it may replace batch fields (SIS's effective ``logp_old``). Its
+            ``state`` is explicit: None at a batch's first update, then what the previous call returned.
+            ``metrics`` (0-d tensors) are averaged over the step's updates and logged.
     """
 
     advantage: Callable[[RolloutBatch], Float[Tensor, "B T"]]
@@ -133,6 +206,14 @@ class Algorithm:
     entropy_coef: float = 0.0
     needs: frozenset[str] = frozenset()
     loss_needs: tuple[str, ...] = ()
+    schedule: Callable[[int], Algorithm] | None = None
+    before_update: Callable[[RolloutBatch, Any, UpdateContext], tuple[RolloutBatch, Any, dict[str, Tensor]]] | None = (
+        None
+    )
+
+    def at(self, step: int) -> Algorithm:
+        """The bundle used at ``step`` (counted from 1): ``schedule(step)``, or this bundle when unscheduled."""
+        return self if self.schedule is None else self.schedule(step)
 
     @property
     def wants_entropy(self) -> bool:
@@ -183,6 +264,46 @@ def _sequence_advantage(fn: Callable[..., Tensor], options: Mapping[str, Any]) -
     return grouped
 
 
+def _check_options(where: str, fn: Callable[..., Any], opts: Mapping[str, Any]) -> None:
+    """Every option must be a keyword-only parameter of ``fn`` (DomainError listing the valid ones)."""
+    params = inspect.signature(fn).parameters
+    bad = sorted(k for k in opts if k not in params or params[k].kind is not inspect.Parameter.KEYWORD_ONLY)
+    if bad:
+        valid = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        raise DomainError(
+            f"algorithm.{where}: unknown option(s) {', '.join(bad)}; valid: {', '.join(valid) or '(none)'}"
+        )
+
+
+def _from_bundle(
+    method: str, entry: MethodBundle, horizon: int, options: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> Algorithm:
+    """Call a :class:`MethodBundle`'s factory; advantage/loss/aggregation overrides do not apply to it."""
+    given = sorted(k for k, v in overrides.items() if v)
+    if given:
+        raise DomainError(
+            f"algorithm.{', algorithm.'.join(given)}: not used by method {method!r} (use algorithm.options)"
+        )
+    factory = entry.resolve()
+    _check_options("options", factory, options)
+    return factory(int(horizon), **options)
+
+
+def _with_penalties(
+    alg: Algorithm, kl: Callable[[Tensor, Tensor], Tensor] | None, kl_coef: float, entropy_coef: float
+) -> Algorithm:
+    """``alg`` (and every phase of its schedule) with the config's KL term and entropy bonus."""
+    inner = alg.schedule
+    return dataclasses.replace(
+        alg,
+        kl=kl,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        needs=alg.needs | ({"logp_ref"} if kl is not None else set()),
+        schedule=None if inner is None else lambda step: _with_penalties(inner(step), kl, kl_coef, entropy_coef),
+    )
+
+
 def build_algorithm(
     *,
     method: str,
@@ -195,27 +316,33 @@ def build_algorithm(
     kl: str | None = None,
     kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
+    options: Mapping[str, Any] | None = None,
 ) -> Algorithm:
     """Resolve a method preset plus overrides into an :class:`Algorithm` (the only place names are used).
+
+    ``options`` are the keyword options of a :class:`MethodBundle` method (an error for a preset).
 
     Example:
         >>> alg = build_algorithm(method="drgrpo", horizon=16, kl="k3", kl_coef=0.01)
         >>> alg.aggregation.value, sorted(alg.needs)
         ('seq-mean-token-sum-norm', ['logp_old', 'logp_ref'])
     """
-    preset: MethodPreset = METHODS.get(method)  # type: ignore[assignment]
+    entry = METHODS.get(method)
+    kl_fn = get_kl(kl) if kl is not None and kl_coef > 0 else None
+    if isinstance(entry, MethodBundle):
+        overrides: dict[str, Any] = {"advantage": advantage, "loss": loss, "aggregation": aggregation}
+        overrides |= {"advantage_options": advantage_options, "loss_options": loss_options}
+        alg = _from_bundle(method, entry, horizon, options or {}, overrides)
+        return _with_penalties(alg, kl_fn, float(kl_coef), float(entropy_coef))
+    if options:
+        raise DomainError(f"algorithm.options: method {method!r} is a preset; use loss_options / advantage_options")
+    preset: MethodPreset = entry  # type: ignore[assignment]
     adv_fn = get_advantage(advantage or preset.advantage)
     loss_fn = get_policy_loss(loss or preset.loss)
     l_opts = {**(preset.loss_options if loss is None else {}), **(loss_options or {})}
     a_opts = {**(preset.advantage_options if advantage is None else {}), **(advantage_options or {})}
-    for where, fn, opts in (("loss_options", loss_fn, l_opts), ("advantage_options", adv_fn, a_opts)):
-        params = inspect.signature(fn).parameters
-        bad = sorted(k for k in opts if k not in params or params[k].kind is not inspect.Parameter.KEYWORD_ONLY)
-        if bad:
-            valid = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-            raise DomainError(
-                f"algorithm.{where}: unknown option(s) {', '.join(bad)}; valid: {', '.join(valid) or '(none)'}"
-            )
+    _check_options("loss_options", loss_fn, l_opts)
+    _check_options("advantage_options", adv_fn, a_opts)
     loss_needs = tuple(n for n in NEEDS_FROM_SIGNATURE if n in inspect.signature(loss_fn).parameters)
     needs = {"logp_old", *loss_needs}
     if kl is not None and kl_coef > 0:
@@ -225,7 +352,7 @@ def build_algorithm(
         policy_loss=functools.partial(loss_fn, **l_opts),
         aggregation=AggregationMode.parse(aggregation or preset.aggregation),
         horizon=int(horizon),
-        kl=get_kl(kl) if kl is not None and kl_coef > 0 else None,
+        kl=kl_fn,
         kl_coef=float(kl_coef),
         entropy_coef=float(entropy_coef),
         needs=frozenset(needs),

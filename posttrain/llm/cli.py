@@ -14,9 +14,21 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["eval_command", "resolve_checkpoint", "train_command"]
+__all__ = ["es_command", "eval_command", "resolve_checkpoint", "train_command"]
 
 console = Console()
+
+
+def _load_or_exit(config: Path, overrides: list[str]) -> Any:
+    """The validated run config, or a red ``config error`` and exit code 2."""
+    from posttrain.errors import PosttrainError
+    from posttrain.llm.config import load_config
+
+    try:
+        return load_config(config, overrides)
+    except PosttrainError as exc:
+        console.print(f"[red]config error:[/red] {exc}")
+        raise typer.Exit(2) from None
 
 
 def train_command(
@@ -27,14 +39,7 @@ def train_command(
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Train a causal LM with an RL method from a YAML config; writes metrics.jsonl and checkpoints."""
-    from posttrain.errors import PosttrainError
-    from posttrain.llm.config import load_config
-
-    try:
-        cfg = load_config(config, overrides)
-    except PosttrainError as exc:
-        console.print(f"[red]config error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    cfg = _load_or_exit(config, overrides)
     from posttrain.llm.run import train
 
     _quiet_transformers()
@@ -45,6 +50,30 @@ def train_command(
         console.print(
             f"steps {first['step']}..{last['step']}: reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "
             f"run directory {run_dir}"
+        )
+
+
+def es_command(
+    config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Run config (YAML) with an `es:` section."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value (repeatable)."),
+    out: Path = typer.Option(None, "--out", help="Run directory (default: runs/<config name>)."),
+) -> None:
+    """Evolution-strategies fine-tuning in place (optionally after the config's RL steps: es.after_rl=true).
+
+    Writes es_metrics.jsonl (one row per ES step) and the final model to OUT/es.
+    """
+    cfg = _load_or_exit(config, overrides)
+    from posttrain.llm.es_trainer import es_from_config
+
+    _quiet_transformers()
+    run_dir = out or Path("runs") / config.stem
+    rl_logs, es_logs = es_from_config(cfg, run_dir)
+    if rl_logs:
+        console.print(f"RL: {len(rl_logs)} steps, reward_mean {rl_logs[-1]['reward_mean']:.3f}")
+    if es_logs:
+        console.print(
+            f"ES: {len(es_logs)} steps, population reward_mean {es_logs[0].reward_mean:.3f} -> "
+            f"{es_logs[-1].reward_mean:.3f}; model in {run_dir / 'es'}"
         )
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "AlgorithmConfig",
     "CheckpointConfig",
     "DataConfig",
+    "EsConfig",
     "LoggingConfig",
     "ModelConfig",
     "OptimConfig",
@@ -43,6 +44,7 @@ SCHEDULERS = ("constant", "linear", "cosine")
 MODEL_OPTIMIZERS = {"MuonWithAdamW": "posttrain.llm.optimizers"}
 """Optimizers built from the model (they need parameter names), not only its parameters: name -> module."""
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The policy: ``path`` (local directory or hub id) or, when null, a tiny model built in ``out/tiny``."""
@@ -50,6 +52,8 @@ class ModelConfig:
     path: str | None = None
     tiny: dict[str, Any] = field(default_factory=dict)
     teacher: str | None = None
+    reference: str | None = None
+    """The reference model of ``logp_ref`` (KL terms, ExOPD's teacher-base); null: the initial (SFT'd) policy."""
     dtype: str = "float32"
     device: str = "cpu"
     chat_template: bool = False
@@ -94,6 +98,8 @@ class AlgorithmConfig:
     kl: str | None = None
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of a method built by a factory (e.g. ``gflowrl``: ``beta``, ``max_up``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,26 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class EsConfig:
+    """``posttrain es``: evolution strategies in place (Qiu et al. 2025, arXiv:2509.24372).
+
+    ES starts from the SFT'd model, or after the ``optim.steps`` RL steps of the config when
+    ``after_rl`` (GRPO -> ES, Ba et al. 2026). Fitness: mean reward of one greedy response on each of
+    ``prompts_per_step`` prompts (default ``data.prompts_per_step``), at most ``rollout.max_new_tokens``.
+    """
+
+    population: int = 32
+    sigma: float = 1e-3
+    lr: float = 5e-4
+    steps: int = 500
+    antithetic: bool = False
+    shaping: str = "zscore"
+    lockstep: bool = True
+    prompts_per_step: int | None = None
+    after_rl: bool = False
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything a run needs; ``seed`` fixes model init, data, sampling and SFT."""
 
@@ -142,6 +168,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    es: EsConfig = field(default_factory=EsConfig)
 
 
 T = TypeVar("T")
@@ -224,6 +251,7 @@ def validate_names(cfg: RunConfig) -> RunConfig:
     _one_of("data.task", cfg.data.task, TASKS.names())
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _one_of("optim.scheduler", cfg.optim.scheduler, SCHEDULERS)
+    _one_of("es.shaping", cfg.es.shaping, ("zscore", "centered_ranks", "none"))
     optimizers = [
         n
         for n in dir(torch.optim)
@@ -242,8 +270,14 @@ def validate_names(cfg: RunConfig) -> RunConfig:
         ("optim.lr", cfg.optim.lr),
         ("rollout.temperature", cfg.rollout.temperature),
         ("data.eval_prompts", cfg.data.eval_prompts),
+        ("es.population", cfg.es.population),
+        ("es.sigma", cfg.es.sigma),
+        ("es.lr", cfg.es.lr),
     ):
         _positive(where, value)
+    _positive("es.prompts_per_step", cfg.es.prompts_per_step, allow_none=True)
+    if cfg.es.antithetic and cfg.es.population % 2:
+        raise DomainError(f"es.population: antithetic pairs need an even population, got {cfg.es.population}")
     for where, value in (
         ("data.sft_steps", cfg.data.sft_steps),
         ("algorithm.kl_coef", a.kl_coef),
@@ -251,6 +285,7 @@ def validate_names(cfg: RunConfig) -> RunConfig:
         ("checkpoint.every", cfg.checkpoint.every),
         ("logging.eval_every", cfg.logging.eval_every),
         ("optim.warmup_steps", cfg.optim.warmup_steps),
+        ("es.steps", cfg.es.steps),
     ):
         _positive(where, value, allow_zero=True)
     _positive("optim.max_grad_norm", cfg.optim.max_grad_norm, allow_none=True)

@@ -45,7 +45,15 @@ from posttrain.llm.generate import HFEngine, SamplingConfig
 from posttrain.llm.tasks import Problem, Task
 from posttrain.llm.text import decode_responses, encode_prompts
 
-__all__ = ["EsStepLog", "EsTrainConfig", "es_train", "generation_fitness", "grpo_then_es", "trainable_params"]
+__all__ = [
+    "EsStepLog",
+    "EsTrainConfig",
+    "es_from_config",
+    "es_train",
+    "generation_fitness",
+    "grpo_then_es",
+    "trainable_params",
+]
 
 
 @dataclass(frozen=True)
@@ -172,24 +180,57 @@ def grpo_then_es(
     *,
     prompts_per_step: int,
     max_new_tokens: int | None = None,
+    rl_first: bool = True,
+    on_step: Callable[[EsStepLog], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
 
     ``run_config`` is a :class:`~posttrain.llm.config.RunConfig` (its ``optim.steps`` are the GRPO
-    half); ES then runs ``es_config.steps`` on the same model, task and response limit with greedy
-    fitness on ``prompts_per_step`` prompts per step. The ES endpoint is saved as ``out_dir/es``.
+    half; ``rl_first=False`` skips it: ES from the SFT'd model); ES then runs ``es_config.steps`` on the
+    same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step.
+    The ES endpoint is saved as ``out_dir/es``.
     """
     from posttrain.llm.run import build_trainer
 
     trainer = build_trainer(run_config, out_dir)
-    rl_logs = trainer.fit()
+    rl_logs = trainer.fit() if rl_first else []
     model = trainer.policy
     fitness = generation_fitness(
         model, trainer.tokenizer, trainer.task, prompts_per_step=prompts_per_step, seed=es_config.seed,
         max_new_tokens=max_new_tokens or run_config.rollout.max_new_tokens,
         chat_template=run_config.model.chat_template,
     )  # fmt: skip
-    es_logs = es_train(trainable_params(model), fitness, es_config)
+    es_logs = es_train(trainable_params(model), fitness, es_config, on_step=on_step)
     model.save_pretrained(Path(out_dir) / "es")
     trainer.tokenizer.save_pretrained(Path(out_dir) / "es")
     return rl_logs, es_logs
+
+
+def es_from_config(
+    cfg: Any, out_dir: str | Path, *, on_step: Callable[[EsStepLog], None] | None = None
+) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
+    """``posttrain es``: the config's ``es`` section (:class:`~posttrain.llm.config.EsConfig`) run by :func:`grpo_then_es`.
+
+    Each ES step is appended to ``out_dir/es_metrics.jsonl`` (``step`` from 1, population
+    ``reward_mean`` and ``reward_std``, ``noop``); RL steps (``es.after_rl``) go to ``metrics.jsonl`` as usual.
+    """
+    import json
+
+    e = cfg.es
+    es_config = EsTrainConfig(
+        population=e.population, sigma=e.sigma, lr=e.lr, steps=e.steps, seed=cfg.seed, antithetic=e.antithetic,
+        shaping=RewardShaping(e.shaping), lockstep=e.lockstep,
+    )  # fmt: skip
+    log_path = Path(out_dir) / "es_metrics.jsonl"
+
+    def log(entry: EsStepLog) -> None:
+        if _rank_world(None)[0] == 0:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({**entry._asdict(), "step": entry.step + 1}) + "\n")
+        if on_step is not None:
+            on_step(entry)
+
+    return grpo_then_es(
+        cfg, out_dir, es_config, prompts_per_step=e.prompts_per_step or cfg.data.prompts_per_step,
+        rl_first=e.after_rl, on_step=log,
+    )  # fmt: skip

@@ -11,9 +11,9 @@ residual only depend on the row), so any split into micro-batches gives the same
 Aggregation is ``seq-mean-token-sum`` (the mean over sequences of the per-sequence loss, Eq. 8).
 No KL term (the reference enters through the gap) and no entropy bonus, as in the paper.
 
-Not exposed as a YAML method preset: :func:`~posttrain.llm.algorithm.build_algorithm` resolves a
-loss by its ``(logp, logp_old, advantages, mask)`` signature, which GFlowRL's does not have; build
-the bundle with :func:`gflowrl_algorithm` and pass it to the trainer.
+Selected in YAML as ``algorithm.method: gflowrl`` (registered as a
+:class:`~posttrain.llm.algorithm.MethodBundle`; ``algorithm.options`` are this factory's keyword
+options); the trainer then builds the reference filler because the bundle declares ``logp_ref``.
 """
 
 from __future__ import annotations

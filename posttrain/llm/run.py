@@ -131,10 +131,12 @@ def build_trainer(
         kl=cfg.algorithm.kl,
         kl_coef=cfg.algorithm.kl_coef,
         entropy_coef=cfg.algorithm.entropy_coef,
+        options=cfg.algorithm.options,
     )
     fillers: dict[str, Filler] = {}
     if "logp_ref" in algorithm.needs:
-        fillers["logp_ref"] = _logp_filler(load_model(initial, cfg)[0], cfg.rollout.temperature)
+        reference = cfg.model.reference or initial
+        fillers["logp_ref"] = _logp_filler(load_model(reference, cfg)[0], cfg.rollout.temperature)
     if cfg.model.teacher is not None:
         fillers["logp_teacher"] = _logp_filler(load_model(cfg.model.teacher, cfg)[0], cfg.rollout.temperature)
     engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, initial)

@@ -2,6 +2,8 @@
 
 Everything method-specific lives in the :class:`~posttrain.llm.algorithm.Algorithm` bundle; the
 loop only fills what the bundle declares it needs (``Algorithm.needs``) and calls its callables.
+The bundle of step ``s`` is ``algorithm.at(s)`` (a schedule such as OPD-then-RL's switch is a pure
+function of the step counter; unscheduled bundles return themselves).
 
 Simplifications (stated, not hidden):
 
@@ -16,6 +18,12 @@ Simplifications (stated, not hidden):
   entropy of the sampled responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``,
   ``clip_frac`` and ``policy_kl`` (last update), ``logp_gap`` (mean ``|logp_old - logp|`` at the
   first, on-policy update: the engine/trainer mismatch), ``gen_time_s``, ``step_time_s``.
+- FLOPs per step (RACE accounting, :func:`posttrain.theory.race_flops.flops_per_step`, arXiv:2607.13389):
+  ``flops/search``, ``flops/learning``, ``flops/reward``, ``flops/total``, ``flops/p`` from the step's
+  actual prompt and response token counts, every rollout trained ``updates_per_batch`` times, a
+  reference forward when the algorithm needs ``logp_ref``, a rule verifier (0 reward FLOPs). ``N``
+  is :func:`policy_cost`'s count of the model's non-embedding matrices. Not counted: other filled
+  needs (teacher forwards) and extra forwards a subclass adds (SIS, replay re-scoring).
 - Data-parallel (``torch.distributed`` initialised, e.g. under ``torchrun``): every rank samples the
   same G problems and keeps its contiguous share of the groups; the aggregation normaliser is
   all-reduced so the loss, and the DDP-averaged gradient, equal one process on the global batch.
@@ -29,7 +37,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +45,16 @@ import torch
 import torch.distributed as dist
 
 from posttrain.estimators import aggregate, masked_mean
-from posttrain.llm.algorithm import Algorithm, normaliser
+from posttrain.llm.algorithm import Algorithm, UpdateContext, normaliser
 from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from posttrain.llm.config import MODEL_OPTIMIZERS, RunConfig
 from posttrain.llm.generate import RolloutEngine, token_logprobs
 from posttrain.llm.tasks import Task
 from posttrain.llm.text import decode_responses, encode_prompts
+from posttrain.theory.race_flops import FlopSplit, PolicyCost, flops_per_step
 
-__all__ = ["Trainer", "make_optimizer", "make_scheduler"]
+__all__ = ["Trainer", "make_optimizer", "make_scheduler", "policy_cost"]
 
 Filler = Callable[[RolloutBatch], torch.Tensor]
 
@@ -79,6 +88,25 @@ def make_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> torch.op
         return shape(min((i - warm) / max(total - warm, 1), 1.0))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def policy_cost(model: torch.nn.Module) -> PolicyCost:
+    """RACE size facts of a causal LM: ``N`` = elements of its weight matrices other than the input and
+    output embeddings (biases and norms excluded, as in ``posttrain flops``); ``n_layer``, ``d_model``
+    from the HF config when present."""
+    bare = getattr(model, "module", model)
+    skip: set[int] = set()
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        emb = getattr(bare, get, lambda: None)()
+        if emb is not None:
+            skip.update(id(p) for p in emb.parameters())
+    n = sum(p.numel() for p in bare.parameters() if p.ndim >= 2 and id(p) not in skip)
+    config = getattr(bare, "config", None)
+    return PolicyCost(
+        float(n),
+        n_layer=int(getattr(config, "num_hidden_layers", 0) or 0),
+        d_model=int(getattr(config, "hidden_size", 0) or 0),
+    )
 
 
 def _world() -> tuple[int, int]:
@@ -115,6 +143,7 @@ class Trainer:
         self.engine, self.algorithm = engine, algorithm
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.fillers = fillers or {}
+        self.policy_cost = policy_cost(model)
         missing = sorted(n for n in algorithm.needs if n != "logp_old" and n not in self.fillers)
         if missing:
             raise ValueError(
@@ -129,6 +158,11 @@ class Trainer:
             raise ValueError(
                 f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple of the world size {self.world}"
             )
+
+    @property
+    def current_algorithm(self) -> Algorithm:
+        """The bundle of the step being run (``step + 1``, counted from 1): a pure function of the step counter."""
+        return self.algorithm.at(self.step + 1)
 
     @property
     def policy(self) -> Any:
@@ -162,12 +196,13 @@ class Trainer:
         return self.prepare(batch), texts
 
     def prepare(self, batch: RolloutBatch) -> RolloutBatch:
-        """Fill the fields the algorithm needs (reference/teacher log-probs), then the advantages."""
-        for need in sorted(self.algorithm.needs):
+        """Fill the fields this step's bundle needs (reference/teacher log-probs), then the advantages."""
+        alg = self.current_algorithm
+        for need in sorted(alg.needs):
             if getattr(batch, need) is None:
                 with torch.no_grad():
                     batch = batch.replace(**{need: self.fillers[need](batch)})
-        return batch.replace(advantages=self.algorithm.advantages(batch))
+        return batch.replace(advantages=alg.advantages(batch))
 
     # ---------------------------------------------------------------- log-probs + loss
     def micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
@@ -182,7 +217,7 @@ class Trainer:
         :func:`~posttrain.llm.algorithm.normaliser`); ``Z_global`` is summed over data-parallel
         ranks and the loss multiplied by the world size, undoing DDP's gradient averaging.
         """
-        alg = self.algorithm
+        alg = self.current_algorithm
         z = normaliser(batch.mask, alg.aggregation, alg.horizon)
         if self.world > 1:
             dist.all_reduce(z)
@@ -224,15 +259,44 @@ class Trainer:
         return {**totals, **diag_sums}
 
     # ---------------------------------------------------------------- step
+    def step_flops(self, batch: RolloutBatch) -> FlopSplit:
+        """The RACE FLOP split of one step on ``batch`` (summed over data-parallel ranks)."""
+        g, k = batch.num_groups, batch.group_size
+        split = flops_per_step(
+            batch.prompt_mask.sum(-1).reshape(g, k)[:, 0].cpu().numpy(),  # [G] (the K rows share the prompt)
+            batch.mask.sum(-1).reshape(g, k).cpu().numpy(),  # [G, K]
+            policy=self.policy_cost,
+            epochs=self.cfg.optim.updates_per_batch,
+            ref_forward="logp_ref" in self.current_algorithm.needs,
+        )
+        if self.world == 1:
+            return split
+        parts = torch.tensor([split.search, split.learning, split.reward], dtype=torch.float64)
+        dist.all_reduce(parts)
+        return FlopSplit(*(float(x) for x in parts))
+
     def train_step(self) -> dict[str, Any]:
         """One rollout batch and ``updates_per_batch`` optimizer steps; returns the step's metrics."""
         t0 = time.perf_counter()
         batch, _ = self.rollout()
         t_gen = time.perf_counter() - t0
         self.model.train()
+        alg, hook_state = self.current_algorithm, None
+        hook_logs: dict[str, list[float]] = {}
         for update in range(self.cfg.optim.updates_per_batch):
             self.optimizer.zero_grad(set_to_none=True)
-            stats = self.accumulate_gradients(batch)
+            update_batch = batch
+            if alg.before_update is not None:  # e.g. SIS: the effective logp_old of this update
+                ctx = UpdateContext(
+                    self.policy,
+                    update,
+                    self.cfg.seed * 1_000_003 + self.step * 101 + update,
+                    self.cfg.rollout.temperature,
+                )
+                update_batch, hook_state, extra = alg.before_update(batch, hook_state, ctx)
+                for key, value in extra.items():
+                    hook_logs.setdefault(key, []).append(float(value))
+            stats = self.accumulate_gradients(update_batch)
             if update == 0:  # on-policy: the engine's behaviour log-probs vs the trainer's recomputation
                 logp_gap = stats.get("logp_gap")
             grad_norm = (
@@ -260,6 +324,8 @@ class Trainer:
             "logp_gap": logp_gap,
             "gen_time_s": t_gen,
             "step_time_s": time.perf_counter() - t0,
+            **self.step_flops(batch).as_dict(),
+            **{key: sum(values) / len(values) for key, values in hook_logs.items()},
         }
 
     # ---------------------------------------------------------------- checkpoints

@@ -108,8 +108,8 @@ def ell_q_gradient(p: ArrayOrTensor, grad_p: ArrayOrTensor, q: float) -> ArrayOr
     """
     q = _check_q(q)
     if isinstance(grad_p, Tensor):
-        return -torch.as_tensor(p, dtype=grad_p.dtype) ** (-q) * grad_p
-    return -np.asarray(p, dtype=np.float64) ** (-q) * np.asarray(grad_p, dtype=np.float64)
+        return -(torch.as_tensor(p, dtype=grad_p.dtype) ** (-q)) * grad_p
+    return -(np.asarray(p, dtype=np.float64) ** (-q)) * np.asarray(grad_p, dtype=np.float64)
 
 
 def escort_minimiser(alpha: np.ndarray, q: float) -> np.ndarray:

@@ -18,3 +18,17 @@ def small_config(*, algorithm: dict[str, Any] | None = None, **optim: Any) -> An
         "optim": {"steps": 2, "lr": 1e-3, **optim},
         "checkpoint": {"every": 0}, "logging": {"progress": False},
     })  # fmt: skip
+
+
+def record_rollouts(trainer: Any) -> list[Any]:
+    """Wrap ``trainer.rollout`` so that every prepared batch is appended to the returned list."""
+    batches: list[Any] = []
+    rollout = trainer.rollout
+
+    def recording() -> Any:
+        batch, texts = rollout()
+        batches.append(batch)
+        return batch, texts
+
+    trainer.rollout = recording
+    return batches

@@ -32,7 +32,9 @@ G, K = 3, 4
 RESPONSES = [[5 + (i % 7)] * (1 + i % 5) + [3] for i in range(G * K)]
 
 
-def _trainer(tiny: tuple[Any, Any], algorithm: dict[str, Any], micro: int | None = None) -> Trainer:
+def _trainer(
+    tiny: tuple[Any, Any], algorithm: dict[str, Any], micro: int | None = None, fillers: dict[str, Any] | None = None
+) -> Trainer:
     model, tok = tiny
     model.double()  # float64 so that the comparisons below test the mathematics, not float32 rounding
     torch.manual_seed(0)
@@ -53,6 +55,7 @@ def _trainer(tiny: tuple[Any, Any], algorithm: dict[str, Any], micro: int | None
         kl_coef=a.kl_coef,
         entropy_coef=a.entropy_coef,
         aggregation=a.aggregation,
+        options=a.options,
     )
     ref = type(model).from_pretrained(model.name_or_path).double()
     with torch.no_grad():  # a reference model that differs from the policy
@@ -69,7 +72,7 @@ def _trainer(tiny: tuple[Any, Any], algorithm: dict[str, Any], micro: int | None
         task=TableTask(),
         engine=FixedEngine(model, RESPONSES),
         algorithm=alg,
-        fillers={"logp_ref": fill_ref},
+        fillers={"logp_ref": fill_ref, **(fillers or {})},
     )
 
 

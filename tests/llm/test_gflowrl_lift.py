@@ -8,31 +8,59 @@ from typing import Any
 import pytest
 import torch
 
-from posttrain.estimators.gflowrl import flow_gap
+from posttrain.errors import DomainError
+from posttrain.estimators import AggregationMode, aggregate
+from posttrain.estimators.gflowrl import flow_gap, gflowrl_loss
+from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import load_config
-from posttrain.llm.gflowrl_algorithm import gflowrl_algorithm
+from posttrain.llm.generate import token_logprobs
 from posttrain.llm.run import build_trainer
 from tests.llm._lift import small_config
+from tests.llm.test_algorithm import _grads, _trainer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
 
 
-def _gflowrl_trainer(cfg: Any, out: Path) -> Any:
-    """The config's trainer (built with a KL term so that it has a reference filler), running GFlowRL."""
-    trainer = build_trainer(cfg, out)
-    trainer.algorithm = gflowrl_algorithm(cfg.rollout.max_new_tokens)  # the paper defaults (beta = 8)
-    return trainer
-
-
 def _config(micro: int | None) -> Any:
-    """A KL term gives the run a reference filler; the bundle itself is swapped for GFlowRL's."""
-    return small_config(algorithm={"method": "grpo", "kl": "k3", "kl_coef": 0.05}, updates_per_batch=2,
-                        micro_batch_size=micro)  # fmt: skip
+    """GFlowRL chosen by name (paper defaults, beta = 8); its bundle declares the reference log-probs."""
+    return small_config(algorithm={"method": "gflowrl"}, updates_per_batch=2, micro_batch_size=micro)
+
+
+def test_loss_and_gradient_equal_gflowrl_loss_by_hand(tiny: tuple[Any, Any]) -> None:
+    """``method: gflowrl`` from a config: the trainer's loss = ``gflowrl_loss`` on the whole batch, seq-mean-token-sum."""
+    trainer = _trainer(tiny, {"method": "gflowrl", "options": {"beta": 4.0, "max_up": 0.1}})
+    assert trainer.algorithm.needs == {"logp_old", "logp_ref"}
+    batch, _ = trainer.rollout()  # FixedEngine's noisy behaviour log-probs: IS weights differ from 1
+    stats = trainer.accumulate_gradients(batch)
+    got = _grads(trainer.model)
+    trainer.model.zero_grad(set_to_none=True)
+    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    assert batch.logp_ref is not None and batch.logp_old is not None
+    tok, diag = gflowrl_loss(logp, batch.logp_old, batch.logp_ref, batch.grouped_rewards(), batch.mask,
+                             beta=4.0, max_up=0.1)  # fmt: skip
+    want = aggregate(tok, batch.mask, AggregationMode.SEQ_MEAN_TOKEN_SUM)
+    want.backward()
+    assert stats["loss"] == pytest.approx(float(want.detach()), rel=1e-9, abs=1e-12)
+    assert float(diag.is_weight_mean) != pytest.approx(1.0)  # the drift correction is exercised
+    for a, b in zip(got, _grads(trainer.model), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_options_and_overrides_are_checked() -> None:
+    with pytest.raises(DomainError, match="beta"):
+        build_algorithm(method="gflowrl", horizon=4, options={"bta": 1.0})
+    with pytest.raises(DomainError, match=r"algorithm\.loss"):
+        build_algorithm(method="gflowrl", horizon=4, loss="ppo_clip")
+    with pytest.raises(DomainError, match=r"algorithm\.options"):
+        build_algorithm(method="grpo", horizon=4, options={"beta": 1.0})
+    with_kl = build_algorithm(method="gflowrl", horizon=4, kl="k3", kl_coef=0.1)
+    assert with_kl.kl is not None and "logp_ref" in with_kl.needs
 
 
 def test_gaps_use_whole_groups_and_micro_batching_does_not_change_the_gradient(tmp_path: Path) -> None:
-    trainer = _gflowrl_trainer(_config(None), tmp_path / "a")
+    trainer = build_trainer(_config(None), tmp_path / "a")
     batch, _ = trainer.rollout()
+    assert batch.logp_old is not None and batch.logp_ref is not None and batch.advantages is not None
     want = flow_gap(batch.grouped_rewards(), batch.logp_old, batch.logp_ref, batch.mask).clipped_gap
     rows = torch.where(batch.mask, batch.advantages, torch.nan).nanmean(-1)
     torch.testing.assert_close(rows.reshape(want.shape).to(want.dtype), want)
@@ -55,8 +83,8 @@ def test_gflowrl_raises_held_out_reward_after_sft(tmp_path: Path) -> None:
     same margin as the trainer's GRPO test per seed.
     """
     cfg = load_config(EXAMPLE, ["seed=0", "optim.steps=30", "checkpoint.every=0", "logging.progress=false",
-                                "algorithm.kl=k3", "algorithm.kl_coef=0.05"])  # fmt: skip
-    trainer = _gflowrl_trainer(cfg, tmp_path / "run")
+                                "algorithm.method=gflowrl"])  # fmt: skip
+    trainer = build_trainer(cfg, tmp_path / "run")
     before = trainer.evaluate()["reward_mean"]
     history = trainer.fit()
     after = trainer.evaluate()["reward_mean"]

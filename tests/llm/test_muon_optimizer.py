@@ -87,12 +87,24 @@ def test_trainer_runs_and_resumes_with_muon(tmp_path) -> None:  # type: ignore[n
 
     raw = {
         "model": {"tiny": {"num_hidden_layers": 1}},
-        "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": 4, "sft_steps": 2,
-                 "sft_batch_size": 8, "sft_lr": 1e-3, "eval_prompts": 4},
+        "data": {
+            "task": "addition",
+            "options": {"digits": 1},
+            "prompts_per_step": 4,
+            "sft_steps": 2,
+            "sft_batch_size": 8,
+            "sft_lr": 1e-3,
+            "eval_prompts": 4,
+        },
         "rollout": {"group_size": 4, "max_new_tokens": 3},
         "algorithm": {"method": "grpo"},
-        "optim": {"steps": 3, "lr": 0.01, "name": "MuonWithAdamW", "options": {"adamw_lr": 1e-3},
-                  "scheduler": "constant"},
+        "optim": {
+            "steps": 3,
+            "lr": 0.01,
+            "name": "MuonWithAdamW",
+            "options": {"adamw_lr": 1e-3},
+            "scheduler": "constant",
+        },
         "checkpoint": {"every": 1, "keep": 3},
         "logging": {"progress": False},
     }

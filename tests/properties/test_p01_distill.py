@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import assume, find, given, settings
+from hypothesis import Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
 from posttrain.estimators import clipped_ratio_loss, group_normalized_advantages
@@ -109,7 +109,8 @@ def test_weighted_additive_rules_can_flip_signs() -> None:
         a = kdrl_advantages(a_hat, d, mask, beta=0.2)
         return bool(((torch.sign(a) != torch.sign(grpo)) & (grpo != 0)).any())
 
-    find(rule_inputs(), flips, settings=settings(database=None))
+    # existence only: skip the shrink phase (it found the example already; shrinking it cost ~3.5 s)
+    find(rule_inputs(), flips, settings=settings(database=None, phases=[Phase.explicit, Phase.reuse, Phase.generate]))
 
 
 @given(st.builds(lambda: None), st.integers(1, 400))
@@ -118,8 +119,8 @@ def test_trrd_alpha_one_is_the_grpo_ratio(_: None, seed: int) -> None:
     logp = -torch.rand(3, 4, generator=g, dtype=F64)
     logp_old, logp_t = logp - 0.1 * torch.randn(3, 4, generator=g, dtype=F64), -torch.rand(3, 4, generator=g, dtype=F64)
     adv, mask = torch.randn(3, generator=g, dtype=F64), torch.ones(3, 4, dtype=torch.bool)
-    ref, _ = clipped_ratio_loss(logp, logp_old, adv, mask)
-    out, _ = trrd_loss(logp, logp_old, adv, mask, logp_teacher=logp_t, alpha=1.0)
+    ref, _diag = clipped_ratio_loss(logp, logp_old, adv, mask)
+    out, _diag = trrd_loss(logp, logp_old, adv, mask, logp_teacher=logp_t, alpha=1.0)
     assert torch.allclose(out, ref, atol=1e-12)
 
 
