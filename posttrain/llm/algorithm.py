@@ -115,14 +115,14 @@ METHODS.add(
 METHODS.add(
     "gflowrl",
     MethodBundle("posttrain.llm.gflowrl_algorithm:gflowrl_algorithm"),
-    paper="GFlowRL, spec 14 (trajectory balance with in-batch log-partition, flow-gap clipping)",
+    paper="Liu et al. 2026, GFlowRL, arXiv:2607.13394",
     summary="GFlowRL: whole-group clipped flow gaps vs a reference, IS-corrected trajectory balance.",
 )
 
 METHODS.add(
     "sis",
     MethodBundle("posttrain.llm.sis_trainer:sis_algorithm"),
-    paper="Selective importance sampling, arXiv:2607.04728 (spec 16)",
+    paper="Li et al. 2026, Selective Importance Sampling, arXiv:2607.04728",
     summary="SIS: a token rejection test vs the behaviour top-K before every update, on any ratio-based preset.",
 )
 METHODS.add(

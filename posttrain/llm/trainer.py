@@ -18,6 +18,9 @@ Simplifications (stated, not hidden):
   entropy of the sampled responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``,
   ``clip_frac`` and ``policy_kl`` (last update), ``logp_gap`` (mean ``|logp_old - logp|`` at the
   first, on-policy update: the engine/trainer mismatch), ``gen_time_s``, ``step_time_s``.
+- A bundle's ``before_update`` hook (e.g. SIS) runs before every optimizer step with explicit
+  state threaded through the step's updates; its metrics (``sis/accept_rate``, ...) are averaged
+  over the updates and logged.
 - FLOPs per step (RACE accounting, :func:`posttrain.theory.race_flops.flops_per_step`, arXiv:2607.13389):
   ``flops/search``, ``flops/learning``, ``flops/reward``, ``flops/total``, ``flops/p`` from the step's
   actual prompt and response token counts, every rollout trained ``updates_per_batch`` times, a

@@ -111,7 +111,7 @@ def train_seed(
     config: Config, seed: int, rule: str | None, tau: float, *, k_rep: int | None = None
 ) -> dict[str, float]:
     """One seed, one replay rule (None = on-policy matched); returns accuracy and replay diagnostics."""
-    with value_checks(False):  # every tensor is valid by construction; the value checks cost ~45% of a run
+    with value_checks(False):  # every tensor is valid by construction: value checks are pure overhead (~10%)
         return _train_seed(config, seed, rule, tau, k_rep=k_rep)
 
 
