@@ -38,7 +38,7 @@ check: install
 
 test: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
-	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow -p no:doctest || [ $$? -eq 5 ]
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow || [ $$? -eq 5 ]
 
 test-fast: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
