@@ -336,7 +336,7 @@ def _plot(o: CheckOutcome, path: Path) -> None:
         ax.legend(fontsize=6)
     fig.suptitle(f"{o.check.id}: {o.verdict.value}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # long metric labels stay inside the image
     plt.close(fig)
 
 
