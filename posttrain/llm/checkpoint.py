@@ -32,16 +32,27 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_checkpoint(
-    root: str | Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2
+    root: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    state: dict[str, Any],
+    keep: int = 2,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` under ``root`` atomically and prune to the ``keep`` latest; return its path."""
+    """Write checkpoint ``step`` under ``root`` atomically and prune to the ``keep`` latest; return its path.
+
+    ``weights``: the full state dict to save instead of ``model.state_dict()`` (a sharded model's
+    gathered weights), written by ``model.save_pretrained`` so ``from_pretrained`` loads it.
+    """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-step_*"):
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp-step_{step:06d}-{os.getpid()}"
-    model.save_pretrained(tmp / "model")
+    model.save_pretrained(tmp / "model", state_dict=weights)
     tokenizer.save_pretrained(tmp / "model")
     with open(tmp / "state.pt", "wb") as f:
         torch.save(state, f)

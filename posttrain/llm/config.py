@@ -25,6 +25,7 @@ __all__ = [
     "AlgorithmConfig",
     "CheckpointConfig",
     "DataConfig",
+    "DistributedConfig",
     "EsConfig",
     "LoggingConfig",
     "ModelConfig",
@@ -137,6 +138,13 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Data parallel under ``torch.distributed`` (ignored in a single process): ``ddp`` or ``fsdp`` (FSDP2)."""
+
+    strategy: str = "ddp"
+
+
+@dataclass(frozen=True)
 class EsConfig:
     """``posttrain es``: evolution strategies in place (Qiu et al. 2025, arXiv:2509.24372).
 
@@ -169,6 +177,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     es: EsConfig = field(default_factory=EsConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 T = TypeVar("T")
@@ -240,6 +249,7 @@ def validate_names(cfg: RunConfig) -> RunConfig:
 
     from posttrain.estimators import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, AggregationMode
     from posttrain.llm.algorithm import METHODS
+    from posttrain.llm.parallel import STRATEGIES
     from posttrain.llm.tasks import TASKS
 
     a = cfg.algorithm
@@ -252,6 +262,7 @@ def validate_names(cfg: RunConfig) -> RunConfig:
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _one_of("optim.scheduler", cfg.optim.scheduler, SCHEDULERS)
     _one_of("es.shaping", cfg.es.shaping, ("zscore", "centered_ranks", "none"))
+    _one_of("distributed.strategy", cfg.distributed.strategy, STRATEGIES)
     optimizers = [
         n
         for n in dir(torch.optim)
@@ -294,6 +305,11 @@ def validate_names(cfg: RunConfig) -> RunConfig:
     if mb is not None and (mb < 1 or mb % cfg.rollout.group_size):
         raise DomainError(
             f"optim.micro_batch_size: expected a positive multiple of rollout.group_size={cfg.rollout.group_size}, got {mb}"
+        )
+    if cfg.distributed.strategy == "fsdp" and cfg.rollout.engine != "hf":
+        raise DomainError(
+            f"distributed.strategy: 'fsdp' supports rollout.engine='hf' only (weight sync from sharded "
+            f"parameters is not implemented), got rollout.engine={cfg.rollout.engine!r}"
         )
     if (a.kl is None) != (a.kl_coef == 0.0):
         raise DomainError(

@@ -148,14 +148,26 @@ class HFEngine:
     """Rollouts with transformers' ``model.generate`` (batched, KV cache) on the training model itself.
 
     Sampling noise comes from the global torch RNG inside a ``fork_rng`` seeded with ``seed``, so a
-    call is reproducible and leaves the caller's RNG untouched.
+    call is reproducible and leaves the caller's RNG untouched. ``synced_gpus=True`` (an FSDP2-sharded
+    model, whose every forward is a collective) keeps each rank stepping until all ranks are done, so
+    ranks whose responses end at different lengths do not deadlock (transformers >= 5 also turns it on by
+    itself for modules ``fully_shard`` marks; the flag makes it explicit).
     """
 
-    def __init__(self, model: Any, *, pad_id: int, eos_id: int, sampling: SamplingConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        eos_id: int,
+        sampling: SamplingConfig | None = None,
+        synced_gpus: bool = False,
+    ) -> None:
         self.model = model
         self.pad_id = int(pad_id)
         self.eos_id = int(eos_id)
         self.sampling = sampling or SamplingConfig()
+        self.synced_gpus = synced_gpus
 
     def sync_weights(self, model: Any) -> None:
         """The engine samples from the training model object, so there is nothing to copy."""
@@ -173,6 +185,8 @@ class HFEngine:
             if greedy
             else {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or None}
         )
+        if self.synced_gpus:
+            options["synced_gpus"] = True
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(seed)

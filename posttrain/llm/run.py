@@ -23,6 +23,7 @@ import yaml
 from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import RunConfig, config_to_dict
 from posttrain.llm.generate import HFEngine, RolloutEngine, SamplingConfig, token_logprobs
+from posttrain.llm.parallel import wrap_model
 from posttrain.llm.tasks import make_task
 from posttrain.llm.trainer import Filler, Trainer
 
@@ -47,7 +48,14 @@ def _sampling(cfg: RunConfig) -> SamplingConfig:
 
 
 def _hf_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
-    return HFEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, sampling=_sampling(cfg))
+    sharded = cfg.distributed.strategy == "fsdp" and dist.is_available() and dist.is_initialized()
+    return HFEngine(
+        model,
+        pad_id=tokenizer.pad_token_id,
+        eos_id=tokenizer.eos_token_id,
+        sampling=_sampling(cfg),
+        synced_gpus=sharded,
+    )
 
 
 def _vllm_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
@@ -139,10 +147,8 @@ def build_trainer(
         fillers["logp_ref"] = _logp_filler(load_model(reference, cfg)[0], cfg.rollout.temperature)
     if cfg.model.teacher is not None:
         fillers["logp_teacher"] = _logp_filler(load_model(cfg.model.teacher, cfg)[0], cfg.rollout.temperature)
+    wrapped = wrap_model(model, cfg.distributed.strategy)  # FSDP2 shards in place, before the engine sees it
     engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, initial)
-    wrapped = model
-    if dist.is_available() and dist.is_initialized():
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
     trainer = Trainer(
         cfg,
         model=wrapped,

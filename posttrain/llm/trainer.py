@@ -30,6 +30,9 @@ Simplifications (stated, not hidden):
 - Data-parallel (``torch.distributed`` initialised, e.g. under ``torchrun``): every rank samples the
   same G problems and keeps its contiguous share of the groups; the aggregation normaliser is
   all-reduced so the loss, and the DDP-averaged gradient, equal one process on the global batch.
+  The model may be DDP-wrapped or FSDP2-sharded (:mod:`posttrain.llm.parallel`); both average
+  gradients over ranks. Under FSDP2 the HF engine generates with ``synced_gpus``, checkpoints hold
+  the gathered full weights (rank 0 writes them) and the full optimizer state.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from posttrain.llm.algorithm import Algorithm, UpdateContext, normaliser
 from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from posttrain.llm.config import MODEL_OPTIMIZERS, RunConfig
-from posttrain.llm.generate import RolloutEngine, token_logprobs
+from posttrain.llm.generate import HFEngine, RolloutEngine, SamplingConfig, token_logprobs
+from posttrain.llm.parallel import full_state_dict, full_tensor, is_sharded, set_gradient_sync
 from posttrain.llm.tasks import Task
 from posttrain.llm.text import decode_responses, encode_prompts
 from posttrain.theory.race_flops import FlopSplit, PolicyCost, flops_per_step
@@ -121,7 +125,7 @@ class Trainer:
 
     Args:
         cfg: the run configuration.
-        model: the policy (an HF causal LM, possibly wrapped in DDP).
+        model: the policy (an HF causal LM, possibly wrapped in DDP or sharded with FSDP2's ``fully_shard``).
         tokenizer: its tokenizer.
         task: scores completions and samples problems.
         engine: the rollout engine.
@@ -169,7 +173,7 @@ class Trainer:
 
     @property
     def policy(self) -> Any:
-        """The bare HF model (unwrapped from DDP) for generation and saving."""
+        """The bare HF model (unwrapped from DDP; an FSDP2-sharded model is its own policy) for generation."""
         return getattr(self.model, "module", self.model)
 
     # ---------------------------------------------------------------- generate + score
@@ -228,12 +232,12 @@ class Trainer:
         totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         diag_sums: dict[str, float] = {}
         tokens = float(batch.mask.sum())
+        sharded = is_sharded(self.model)
         for i, mb in enumerate(parts):
-            sync = (
-                contextlib.nullcontext()
-                if i == len(parts) - 1 or not hasattr(self.model, "no_sync")
-                else self.model.no_sync()
-            )
+            last = i == len(parts) - 1
+            sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") else self.model.no_sync()
+            if sharded:  # FSDP2: reduce-scatter only after the last micro-batch
+                set_gradient_sync(self.model, last)
             with sync:
                 logp, entropy = token_logprobs(
                     self.model,
@@ -320,7 +324,7 @@ class Trainer:
             "entropy": stats["entropy"],
             "response_len": float(batch.mask.sum(dim=1).float().mean()),
             "loss": stats["loss"],
-            "grad_norm": float(grad_norm),
+            "grad_norm": float(full_tensor(grad_norm)),
             "lr": self.scheduler.get_last_lr()[0],
             "clip_frac": stats.get("pg/clip_frac"),
             "policy_kl": stats.get("pg/approx_kl"),
@@ -343,16 +347,29 @@ class Trainer:
         }
 
     def save(self) -> Path | None:
-        if self.out_dir is None or self.rank != 0:
+        """Write a checkpoint from rank 0 (under FSDP2 every rank first joins the gathering of the full state)."""
+        if self.out_dir is None:
+            return None
+        weights, state = None, None
+        if is_sharded(self.model):  # collectives: every rank gathers, rank 0 writes
+            weights, state = full_state_dict(self.model), {**self.state(), "optimizer": self._full_optim_state()}
+        if self.rank != 0:
             return None
         return save_checkpoint(
             self.out_dir / "checkpoints",
             self.step,
             model=self.policy,
             tokenizer=self.tokenizer,
-            state=self.state(),
+            state=state if state is not None else self.state(),
             keep=self.cfg.checkpoint.keep,
+            weights=weights,
         )
+
+    def _full_optim_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)  # type: ignore[no-any-return]
 
     def resume(self) -> bool:
         """Load the latest complete checkpoint of ``out_dir`` (weights, optimizer, RNG, step); False if none."""
@@ -361,15 +378,32 @@ class Trainer:
             return False
         from safetensors.torch import load_file
 
-        weights: dict[str, torch.Tensor] = {}
+        weights: dict[str, Any] = {}
         for shard in sorted((ckpt / "model").glob("*.safetensors")):
             weights.update(load_file(str(shard)))
-        result = self.policy.load_state_dict(weights, strict=False)
+        sharded = is_sharded(self.model)
+        if sharded:  # every rank reads the full weights and keeps its shards
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            result = set_model_state_dict(
+                self.model, weights, options=StateDictOptions(full_state_dict=True, strict=False)
+            )
+        else:
+            result = self.policy.load_state_dict(weights, strict=False)
         tied = {"lm_head.weight"} if getattr(self.policy.config, "tie_word_embeddings", False) else set()
         if result.unexpected_keys or set(result.missing_keys) - tied:
             raise ValueError(f"checkpoint {ckpt} does not match the model: {result}")
         s = load_state(ckpt)
-        self.optimizer.load_state_dict(s["optimizer"])
+        if sharded:
+            set_optimizer_state_dict(
+                self.model, self.optimizer, s["optimizer"], options=StateDictOptions(full_state_dict=True)
+            )
+        else:
+            self.optimizer.load_state_dict(s["optimizer"])
         self.scheduler.load_state_dict(s["scheduler"])
         self.data_rng.setstate(_as_tuple(s["data_rng"]))
         torch.set_rng_state(s["torch_rng"])
@@ -408,9 +442,9 @@ class Trainer:
     def evaluate(self, ks: tuple[int, ...] = (1,)) -> dict[str, float]:
         """Held-out metrics of the current policy (see :func:`posttrain.llm.evaluate.evaluate`)."""
         from posttrain.llm.evaluate import evaluate
-        from posttrain.llm.generate import SamplingConfig
 
         r = self.cfg.rollout
+        sampling = SamplingConfig(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
         return evaluate(
             self.policy,
             self.tokenizer,
@@ -419,8 +453,18 @@ class Trainer:
             n_samples=self.cfg.logging.eval_samples,
             ks=ks,
             seed=self.cfg.seed,
-            sampling=SamplingConfig(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+            sampling=sampling,
             chat_template=self.cfg.model.chat_template,
+            engine=self._synced_engine(sampling),
+        )
+
+    def _synced_engine(self, sampling: SamplingConfig) -> HFEngine | None:
+        """Under FSDP2 an HF engine that keeps ranks in step (every forward is a collective); else None (the default)."""
+        if not is_sharded(self.model):
+            return None
+        tok = self.tokenizer
+        return HFEngine(
+            self.policy, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, sampling=sampling, synced_gpus=True
         )
 
 

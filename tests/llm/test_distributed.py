@@ -1,7 +1,8 @@
-"""Data parallel on CPU: 2 gloo processes produce the gradients of 1 process on the same global batch."""
+"""Data parallel on CPU: 2 gloo processes (DDP or FSDP2) produce the gradients of 1 process on the same global batch."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,13 @@ RESPONSES = [[5 + (i % 7)] * (1 + i % 4) + [3] for i in range(G * K)]
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
-def _global_batch_and_grads(tiny_dir: Path, mode: str, world: int, rank: int) -> tuple[float, list[torch.Tensor]]:
-    """Loss and gradients on this rank's share of the fixed global batch (the whole batch when world=1)."""
+def _global_batch_and_grads(
+    tiny_dir: Path, mode: str, world: int, rank: int, strategy: str = "ddp"
+) -> tuple[float, list[torch.Tensor]]:
+    """Loss and full gradients on this rank's share of the fixed global batch (the whole batch when world=1)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posttrain.llm.parallel import full_tensor, wrap_model
     from posttrain.llm.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).double()
@@ -37,7 +41,7 @@ def _global_batch_and_grads(tiny_dir: Path, mode: str, world: int, rank: int) ->
         }
     )
     alg = build_algorithm(method="grpo", horizon=6, aggregation=mode)
-    wrapped = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    wrapped = wrap_model(model, strategy) if world > 1 else model
     trainer = Trainer(
         cfg, model=wrapped, tokenizer=tok, task=TableTask(), engine=FixedEngine(model, RESPONSES), algorithm=alg
     )
@@ -47,32 +51,159 @@ def _global_batch_and_grads(tiny_dir: Path, mode: str, world: int, rank: int) ->
     share = batch.batch_size // world
     local = batch.rows(rank * share, (rank + 1) * share)
     stats = trainer.accumulate_gradients(local)
-    return stats["loss"], [p.grad.detach().clone() for p in model.parameters()]
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    return stats["loss"], [full_tensor(g).detach().clone() for g in grads if g is not None]
 
 
-def _worker(rank: int, tiny_dir: str, init_file: str, out: str) -> None:
+def _spawn(tmp: Path, worker: Any, *args: Any) -> None:
+    """Run ``worker(rank, *args)`` in 2 processes joined in a gloo group (rendezvous file under ``tmp``)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_in_group, args=(str(tmp / "init"), worker, args), nprocs=2, join=True)
+
+
+def _in_group(rank: int, init_file: str, worker: Any, args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        results = {mode: _global_batch_and_grads(Path(tiny_dir), mode, 2, rank) for mode in MODES}
-        losses = {m: torch.tensor(r[0], dtype=torch.float64) for m, r in results.items()}
-        for t in losses.values():
-            dist.all_reduce(t)  # each rank's loss is its share of the global loss
-        if rank == 0:
-            torch.save({m: (float(losses[m]), r[1]) for m, r in results.items()}, out)
+        worker(rank, *args)
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
-def test_two_gloo_processes_equal_one(tiny_dir: Path, tmp_path: Path) -> None:
-    import torch.multiprocessing as mp
+def test_distributed_strategy_is_validated_and_inert_in_one_process(tiny: tuple[Any, Any]) -> None:
+    from posttrain.errors import DomainError
+    from posttrain.llm.parallel import is_sharded, wrap_model
 
+    assert config_from_dict({}).distributed.strategy == "ddp"
+    with pytest.raises(DomainError, match=r"distributed\.strategy.*valid: ddp, fsdp"):
+        config_from_dict({"distributed": {"strategy": "zero3"}})
+    with pytest.raises(DomainError, match=r"distributed\.strategy.*rollout\.engine='vllm'"):
+        config_from_dict({"distributed": {"strategy": "fsdp"}, "rollout": {"engine": "vllm"}})
+    model = tiny[0]
+    for strategy in ("ddp", "fsdp"):  # no process group: the model is used as is
+        assert wrap_model(model, strategy) is model and not is_sharded(model)
+
+
+def _worker(rank: int, tiny_dir: str, out: str, strategy: str) -> None:
+    results = {mode: _global_batch_and_grads(Path(tiny_dir), mode, 2, rank, strategy) for mode in MODES}
+    losses = {m: torch.tensor(r[0], dtype=torch.float64) for m, r in results.items()}
+    for t in losses.values():
+        dist.all_reduce(t)  # each rank's loss is its share of the global loss
+    if rank == 0:
+        torch.save({m: (float(losses[m]), r[1]) for m, r in results.items()}, out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_gloo_processes_equal_one(tiny_dir: Path, tmp_path: Path, strategy: str) -> None:
     out = tmp_path / "ddp.pt"
-    mp.spawn(_worker, args=(str(tiny_dir), str(tmp_path / "init"), str(out)), nprocs=2, join=True)
+    _spawn(tmp_path, _worker, str(tiny_dir), str(out), strategy)
     ddp: dict[str, Any] = torch.load(out, weights_only=True)
     for mode in MODES:
         loss, grads = _global_batch_and_grads(tiny_dir, mode, 1, 0)
         assert ddp[mode][0] == pytest.approx(loss, rel=1e-10), mode
         for a, b in zip(ddp[mode][1], grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def _fit_worker(rank: int, out_dir: str, result: str) -> None:
+    """Under FSDP2: 2 steps uninterrupted in ``out/full``; 1 step, then resume and 1 more in ``out/resumed``."""
+    from posttrain.llm.parallel import full_state_dict, is_sharded
+    from posttrain.llm.run import build_trainer
+
+    cfg = config_from_dict(
+        {
+            "data": {"prompts_per_step": 2, "sft_steps": 0},
+            "rollout": {"group_size": 2, "max_new_tokens": 6},
+            "optim": {"steps": 2, "lr": 1e-2},
+            "checkpoint": {"every": 1},
+            "logging": {"progress": False},
+            "distributed": {"strategy": "fsdp"},
+        }
+    )
+    full = build_trainer(cfg, Path(out_dir) / "full")
+    assert is_sharded(full.model)
+    history = full.fit()
+    first = build_trainer(cfg, Path(out_dir) / "resumed")
+    resumed_history = first.fit(stop_after=1)
+    resumed = build_trainer(cfg, Path(out_dir) / "resumed", resume=True)
+    assert resumed.step == 1
+    resumed_history += resumed.fit()
+    weights, resumed_weights = full_state_dict(full.model), full_state_dict(resumed.model)  # collectives
+    if rank == 0:
+        torch.save(
+            {
+                "weights": weights,
+                "resumed_weights": resumed_weights,
+                "losses": [m["loss"] for m in history],
+                "resumed_losses": [m["loss"] for m in resumed_history],
+            },
+            result,
+        )
+
+
+@pytest.mark.slow
+def test_fsdp_fit_writes_a_full_checkpoint_and_resumes(tmp_path: Path) -> None:
+    """2 gloo processes under FSDP2 train 2 steps; the checkpoint is the full model, loadable by
+    ``from_pretrained``, and a run resumed after step 1 ends with the same weights and losses."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.llm.checkpoint import latest_checkpoint
+
+    result = tmp_path / "result.pt"
+    _spawn(tmp_path, _fit_worker, str(tmp_path), str(result))
+    out = tmp_path / "full"
+    final: dict[str, Any] = torch.load(result, weights_only=True)
+    assert len(final["losses"]) == 2 and all(math.isfinite(x) for x in final["losses"])
+    ckpt = latest_checkpoint(out / "checkpoints")
+    assert ckpt is not None and ckpt.name == "step_000002"
+    loaded = AutoModelForCausalLM.from_pretrained(ckpt / "model").state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(out / "initial").state_dict()
+    assert set(loaded) == set(final["weights"])
+    for name, value in final["weights"].items():
+        torch.testing.assert_close(loaded[name], value, rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(loaded[n], initial[n]) for n in loaded)  # the 2 steps changed the weights
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert final["resumed_losses"] == final["losses"]
+    for name, value in final["weights"].items():
+        torch.testing.assert_close(final["resumed_weights"][name], value, rtol=0, atol=0, msg=name)
+
+
+def _generate_worker(rank: int, tiny_dir: str, result: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.llm.generate import HFEngine, SamplingConfig
+    from posttrain.llm.parallel import is_sharded, wrap_model
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).double()
+    prompts = [[[5, 6, 7]], [[8, 9]]]
+    sampling = SamplingConfig(max_new_tokens=6)
+    first = HFEngine(model, pad_id=0, eos_id=0, sampling=SamplingConfig(max_new_tokens=1))
+    eos = int(first.generate(prompts[1], n=1, seed=0, greedy=True).response_ids[0, 0])  # rank 1 stops at once
+    plain = HFEngine(model, pad_id=0, eos_id=eos, sampling=sampling).generate(prompts[rank], n=2, seed=0, greedy=True)
+    wrap_model(model, "fsdp")
+    assert is_sharded(model)
+    synced = HFEngine(model, pad_id=0, eos_id=eos, sampling=sampling, synced_gpus=True)
+    sharded = synced.generate(prompts[rank], n=2, seed=0, greedy=True)
+    lengths = [torch.zeros(2, dtype=torch.long) for _ in range(2)]
+    dist.all_gather(lengths, plain.mask.sum(-1))
+    if rank == 0:
+        torch.save({"lengths": lengths, "plain": plain, "sharded": sharded}, result)
+
+
+@pytest.mark.slow
+def test_fsdp_generation_with_uneven_lengths_equals_unsharded(tiny_dir: Path, tmp_path: Path) -> None:
+    """Ranks whose responses end at different steps neither deadlock nor change the sampled tokens."""
+    result = tmp_path / "gen.pt"
+    _spawn(tmp_path, _generate_worker, str(tiny_dir), str(result))
+    got: dict[str, Any] = torch.load(result, weights_only=False)
+    assert not torch.equal(got["lengths"][0], got["lengths"][1])  # the case under test: uneven lengths
+    plain, sharded = got["plain"], got["sharded"]
+    width = plain.mask.shape[1]
+    assert not sharded.mask[:, width:].any()
+    torch.testing.assert_close(sharded.mask[:, :width], plain.mask)
+    torch.testing.assert_close(sharded.response_ids[:, :width] * plain.mask, plain.response_ids * plain.mask)
+    torch.testing.assert_close(sharded.logp[:, :width], plain.logp, rtol=1e-9, atol=1e-12)
