@@ -31,6 +31,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators.aggregate import masked_mean
 from posttrain.registry import registry
 from posttrain.validate import check_float, check_mask, check_positive, check_tensor
 
@@ -53,10 +54,8 @@ PAPER = "Zhang et al. 2026, RAIL, arXiv:2608.05080"
 
 
 def _population_var(values: Tensor, mask: Tensor) -> Tensor:
-    n = mask.sum(dim=-1).clamp(min=1).to(values.dtype)
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    mean = torch.where(mask, values, zero).sum(dim=-1) / n
-    return torch.where(mask, (values - mean.unsqueeze(-1)) ** 2, zero).sum(dim=-1) / n
+    mean = masked_mean(values, mask, dim=-1)
+    return masked_mean((values - mean.unsqueeze(-1)) ** 2, mask, dim=-1)
 
 
 def recoverability_gain(

@@ -15,7 +15,9 @@ matrices {W1, W2} on Muon or AdamW, fallback {E, W_o} always on AdamW 1e-4.
 Simplifications (stated): the group std is Bessel-corrected with eps 1e-6 (the package's GRPO
 convention; the spec's toy uses the population std, a constant factor sqrt(K/(K-1)) that Muon
 ignores and Adam almost ignores); Newton-Schulz runs in float32 rather than bf16; every run of a
-seed shares that seed's sampling noise (common random numbers), so comparisons are paired.
+seed shares that seed's sampling noise (common random numbers), so comparisons are paired; actions
+are drawn by inverse CDF from one uniform each (the simulators' ``sample_categorical``) instead of
+the spec's Gumbel-max, the same distribution.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from posttrain.estimators.optim import (
 )
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
+from posttrain.simulators._base import sample_categorical
 from posttrain.simulators.mlp_bandit import MLPParams, exact_success, forward_logits, init_params, make_task, pretrain
 
 
@@ -80,18 +83,18 @@ def _train(
     gens = [torch.Generator().manual_seed(int(s) + 30_000) for s in uniq.tolist()]
     n = cfg.batch_contexts * cfg.group_size
     ctx_all = torch.stack([torch.randint(contexts, (cfg.updates, cfg.batch_contexts), generator=g) for g in gens])
-    u_all = torch.stack([torch.rand(cfg.updates, n, actions, generator=g) for g in gens])
+    u_all = torch.stack([torch.rand(cfg.updates, n, 1, generator=g) for g in gens])
     row = torch.searchsorted(uniq, seed_of_run)
     ctx_all = ctx_all[row].repeat_interleave(cfg.group_size, dim=-1)  # [R, U, n]
-    gumbel_all = -torch.log(-torch.log(u_all[row].clamp_min(1e-12)))  # [R, U, n, V]
+    u_all = u_all[row]  # [R, U, n, 1]: one uniform per sampled action
     hidden_state: Any = muon_init(params[1:3]) if muon else adamw_init(params[1:3])
     fallback_state = adamw_init([params[0], params[3]])
     success, rms = [], []
     for step in range(cfg.updates):
-        ctx, gumbel = ctx_all[:, step], gumbel_all[:, step]
+        ctx, u = ctx_all[:, step], u_all[:, step]
         leaf = [t.detach().requires_grad_(True) for t in params]
         logits = forward_logits(MLPParams(*leaf), ctx)  # [R, n, V]
-        act = torch.argmax(logits.detach() + gumbel, dim=-1)
+        act = sample_categorical(logits, u).squeeze(-1)  # [R, n]
         logp = torch.log_softmax(logits, -1).gather(-1, act.unsqueeze(-1)).reshape(r * n, 1)
         reward = torch.gather(correct, 1, ctx.unsqueeze(-1).expand(r, n, actions)).gather(-1, act.unsqueeze(-1))
         adv = group_normalized_advantages(reward.to(logp.dtype).reshape(-1, cfg.group_size)).reshape(-1)

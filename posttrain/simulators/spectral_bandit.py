@@ -17,6 +17,7 @@ from torch import Tensor
 
 from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
 from posttrain.estimators.optim import adamw_init, adamw_update
+from posttrain.simulators._base import sample_categorical
 
 __all__ = ["SpectralTask", "accuracy", "make_spectral_task", "sample_inputs", "train_grpo"]
 
@@ -100,8 +101,8 @@ def train_grpo(
         target = torch.argmax(x @ task.teacher.mT, dim=-1)
         leaf = w.detach().requires_grad_(True)
         logits = (x @ leaf.mT).repeat_interleave(group, dim=1)  # [R, batch*group, m]
-        u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype).clamp_min(1e-300)
-        act = torch.argmax(logits.detach() - torch.log(-torch.log(u)), dim=-1)
+        u = torch.rand(logits.shape[:-1], generator=generator, dtype=logits.dtype)
+        act = sample_categorical(logits, u.unsqueeze(-1)).squeeze(-1)
         logp = torch.log_softmax(logits, -1).gather(-1, act.unsqueeze(-1)).reshape(-1, 1)
         reward = (act == target.repeat_interleave(group, dim=1)).to(w.dtype)
         adv = group_normalized_advantages(reward.reshape(-1, group)).reshape(-1)
