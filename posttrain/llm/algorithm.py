@@ -189,12 +189,17 @@ class Algorithm:
         entropy_coef: weight of the entropy bonus (subtracted from the loss).
         needs: batch fields the trainer must fill before the loss (e.g. ``{"logp_ref"}``); for a
             scheduled bundle, the union over its phases (the trainer checks it can fill them all).
-        schedule: ``step -> Algorithm``, the bundle used at a step counted from 1 (a pure function of
-            the step, e.g. OPD-then-RL's switch), or None for a bundle that never changes.
+        schedule: ``(step, scores) -> Algorithm``, the bundle used at a step counted from 1, a pure
+            function of the step and of ``scores``, the validation scores logged so far (one per
+            evaluation, oldest first; e.g. OPD-then-RL's switch at a fixed step or at a plateau of the
+            validation score), or None for a bundle that never changes.
         before_update: ``(batch, state, ctx) -> (batch, state, metrics)`` run before every optimizer
             step of a rollout batch; it may replace batch fields (SIS's effective ``logp_old``). Its
             ``state`` is explicit: None at a batch's first update, then what the previous call returned.
             ``metrics`` (0-d tensors) are averaged over the step's updates and logged.
+        modules: trainable modules the method owns besides the policy (e.g. FlowRL's
+            learned log-partition log Z(x)): the trainer adds their parameters to the optimizer (one extra
+            parameter group), averages their gradients over data-parallel ranks and checkpoints them.
     """
 
     advantage: Callable[[RolloutBatch], Float[Tensor, "B T"]]
@@ -206,14 +211,16 @@ class Algorithm:
     entropy_coef: float = 0.0
     needs: frozenset[str] = frozenset()
     loss_needs: tuple[str, ...] = ()
-    schedule: Callable[[int], Algorithm] | None = None
+    schedule: Callable[[int, tuple[float, ...]], Algorithm] | None = None
     before_update: Callable[[RolloutBatch, Any, UpdateContext], tuple[RolloutBatch, Any, dict[str, Tensor]]] | None = (
         None
     )
+    modules: tuple[torch.nn.Module, ...] = ()
 
-    def at(self, step: int) -> Algorithm:
-        """The bundle used at ``step`` (counted from 1): ``schedule(step)``, or this bundle when unscheduled."""
-        return self if self.schedule is None else self.schedule(step)
+    def at(self, step: int, scores: tuple[float, ...] = ()) -> Algorithm:
+        """The bundle used at ``step`` (counted from 1) given the validation ``scores`` so far:
+        ``schedule(step, scores)``, or this bundle when unscheduled."""
+        return self if self.schedule is None else self.schedule(step, tuple(scores))
 
     @property
     def wants_entropy(self) -> bool:
@@ -300,7 +307,9 @@ def _with_penalties(
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
         needs=alg.needs | ({"logp_ref"} if kl is not None else set()),
-        schedule=None if inner is None else lambda step: _with_penalties(inner(step), kl, kl_coef, entropy_coef),
+        schedule=None
+        if inner is None
+        else lambda step, scores: _with_penalties(inner(step, scores), kl, kl_coef, entropy_coef),
     )
 
 

@@ -135,6 +135,7 @@ class LoggingConfig:
     wandb_project: str | None = None
     eval_every: int = 0
     eval_samples: int = 8
+    eval_metric: str = "reward_mean"  # the validation score a schedule reads (a key of `evaluate`'s output)
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ def opd_then_rl_algorithm(
         loss_options={"clip_low": clip_low, "clip_high": clip_high},
     )
 
-    def at(step: int) -> Algorithm:
+    def at(step: int, scores: tuple[float, ...] = ()) -> Algorithm:
         teacher = opd_phase(step, switch_step)
 
         def advantage(batch: RolloutBatch) -> Tensor:

@@ -2,8 +2,10 @@
 
 Everything method-specific lives in the :class:`~posttrain.llm.algorithm.Algorithm` bundle; the
 loop only fills what the bundle declares it needs (``Algorithm.needs``) and calls its callables.
-The bundle of step ``s`` is ``algorithm.at(s)`` (a schedule such as OPD-then-RL's switch is a pure
-function of the step counter; unscheduled bundles return themselves).
+The bundle of step ``s`` is ``algorithm.at(s, scores)`` (a schedule such as OPD-then-RL's switch is a
+pure function of the step counter and of the validation scores logged so far, ``logging.eval_metric``
+of every ``logging.eval_every``-step evaluation; unscheduled bundles return themselves). Trainable
+modules the bundle owns (``Algorithm.modules``) join the optimizer as a second parameter group.
 
 Simplifications (stated, not hidden):
 
@@ -73,9 +75,14 @@ def make_optimizer(cfg: RunConfig, model: torch.nn.Module) -> torch.optim.Optimi
     if cfg.optim.name in MODEL_OPTIMIZERS:
         module = importlib.import_module(MODEL_OPTIMIZERS[cfg.optim.name])
         return getattr(module, cfg.optim.name)(model, lr=cfg.optim.lr, **cfg.optim.options)  # type: ignore[no-any-return]
-    params = (p for p in model.parameters() if p.requires_grad)
+    params = [p for p in model.parameters() if p.requires_grad]
     opt_cls = getattr(torch.optim, cfg.optim.name)
     return opt_cls(params, lr=cfg.optim.lr, **cfg.optim.options)  # type: ignore[no-any-return]
+
+
+def module_parameters(modules: tuple[torch.nn.Module, ...]) -> list[torch.nn.Parameter]:
+    """The trainable parameters of an algorithm's own modules (e.g. a learned log-partition)."""
+    return [p for m in modules for p in m.parameters() if p.requires_grad]
 
 
 def make_scheduler(cfg: RunConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -157,7 +164,11 @@ class Trainer:
                 f"algorithm needs {missing} but the trainer has no way to compute them (e.g. set model.teacher)"
             )
         self.optimizer = make_optimizer(cfg, model)
+        extra = module_parameters(algorithm.modules)
+        if extra:
+            self.optimizer.add_param_group({"params": extra})
         self.scheduler = make_scheduler(cfg, self.optimizer)
+        self.val_scores: list[float] = []
         self.data_rng = random.Random(cfg.seed)
         self.step = 0
         self.rank, self.world = _world()
@@ -168,8 +179,9 @@ class Trainer:
 
     @property
     def current_algorithm(self) -> Algorithm:
-        """The bundle of the step being run (``step + 1``, counted from 1): a pure function of the step counter."""
-        return self.algorithm.at(self.step + 1)
+        """The bundle of the step being run (``step + 1``, counted from 1): a pure function of the step counter
+        and the validation scores so far."""
+        return self.algorithm.at(self.step + 1, tuple(self.val_scores))
 
     @property
     def policy(self) -> Any:
@@ -304,6 +316,7 @@ class Trainer:
                 for key, value in extra.items():
                     hook_logs.setdefault(key, []).append(float(value))
             stats = self.accumulate_gradients(update_batch)
+            self._average_module_grads(alg)
             if update == 0:  # on-policy: the engine's behaviour log-probs vs the trainer's recomputation
                 logp_gap = stats.get("logp_gap")
             grad_norm = (
@@ -335,6 +348,15 @@ class Trainer:
             **{key: sum(values) / len(values) for key, values in hook_logs.items()},
         }
 
+    def _average_module_grads(self, alg: Algorithm) -> None:
+        """All-reduce (mean) the gradients of the algorithm's own modules, which DDP/FSDP do not wrap."""
+        if self.world == 1:
+            return
+        for p in module_parameters(alg.modules):
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= self.world
+
     # ---------------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
         """Everything besides the weights that a resumed run needs to continue identically."""
@@ -344,6 +366,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "data_rng": self.data_rng.getstate(),
             "torch_rng": torch.get_rng_state(),
+            "val_scores": list(self.val_scores),
+            "modules": [m.state_dict() for m in self.algorithm.modules],
         }
 
     def save(self) -> Path | None:
@@ -408,6 +432,9 @@ class Trainer:
         self.data_rng.setstate(_as_tuple(s["data_rng"]))
         torch.set_rng_state(s["torch_rng"])
         self.step = int(s["step"])
+        self.val_scores = [float(v) for v in s.get("val_scores", [])]
+        for module, module_state in zip(self.algorithm.modules, s.get("modules", []), strict=True):
+            module.load_state_dict(module_state)
         self.engine.sync_weights(self.policy)
         if self.out_dir is not None and (self.out_dir / "metrics.jsonl").exists():  # drop steps after the checkpoint
             lines = (self.out_dir / "metrics.jsonl").read_text().splitlines()
@@ -426,7 +453,13 @@ class Trainer:
         while self.step < last:
             metrics = self.train_step()
             if self.cfg.logging.eval_every and self.step % self.cfg.logging.eval_every == 0:
-                metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+                scores = self.evaluate()
+                if self.cfg.logging.eval_metric not in scores:
+                    raise ValueError(
+                        f"logging.eval_metric: expected one of {sorted(scores)}, got {self.cfg.logging.eval_metric!r}"
+                    )
+                self.val_scores.append(float(scores[self.cfg.logging.eval_metric]))
+                metrics.update({f"eval/{k}": v for k, v in scores.items()})
             history.append(metrics)
             if self.out_dir is not None and self.rank == 0:
                 with open(self.out_dir / "metrics.jsonl", "a") as f:
