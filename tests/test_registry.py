@@ -25,7 +25,7 @@ def test_core_estimators_are_registered_under_their_names() -> None:
     assert get_kl("k3") is k3_kl
     for reg, names in (
         (ADVANTAGES, {"grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}),
-        (POLICY_LOSSES, {"ppo_clip", "gspo"}),
+        (POLICY_LOSSES, {"ppo_clip", "gspo", "cispo"}),
         (KL_ESTIMATORS, {"k1", "k2", "k3"}),
     ):
         assert names <= set(reg.names())

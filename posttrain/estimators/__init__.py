@@ -121,7 +121,13 @@ __all__ += [
 
 # --- off-policy, replay, distribution matching, rollout allocation (issue 6: specs 02, 11, 14, 16) ---
 from posttrain.estimators import gflowrl, rail, replay, sis  # noqa: E402
-from posttrain.estimators.gflowrl import flow_gap, flowrl_loss, gflowrl_loss, mc_log_partition  # noqa: E402
+from posttrain.estimators.gflowrl import (  # noqa: E402
+    flow_gap,
+    flowrl_loss,
+    flowrl_optimal_log_z,
+    gflowrl_loss,
+    mc_log_partition,
+)
 from posttrain.estimators.rail import (  # noqa: E402
     controller_init,
     controller_predict,
@@ -145,6 +151,7 @@ __all__ += [
     "controller_update",
     "flow_gap",
     "flowrl_loss",
+    "flowrl_optimal_log_z",
     "gflowrl",
     "gflowrl_loss",
     "headroom",
@@ -204,12 +211,14 @@ from posttrain.estimators.es import (  # noqa: E402
     es_gradient,
     es_step,
     evolution_strategy,
+    noise_chunks,
     perturb_,
     perturbed_params,
     population_forward,
     population_noise,
     relative_drift,
     restore_,
+    roundtrip_,
     seeded_noise,
     shape_rewards,
     tensor_seed,
@@ -234,12 +243,14 @@ __all__ += [
     "es_step",
     "evolution_strategy",
     "majority_vote_correct",
+    "noise_chunks",
     "perturb_",
     "perturbed_params",
     "population_forward",
     "population_noise",
     "relative_drift",
     "restore_",
+    "roundtrip_",
     "seeded_noise",
     "shape_rewards",
     "tensor_seed",
@@ -299,3 +310,8 @@ __all__ += [
 from posttrain.estimators.dpo import PREFERENCE_LOSSES, DPODiagnostics, dpo_loss, register_preference_loss  # noqa: E402
 
 __all__ += ["PREFERENCE_LOSSES", "DPODiagnostics", "dpo_loss", "register_preference_loss"]
+
+# --- CISPO (MiniMax-M1, arXiv:2506.13585), a base loss for SIS (spec 16) ---
+from posttrain.estimators.losses import CISPO_CLIP_MODES, cispo_loss  # noqa: E402
+
+__all__ += ["CISPO_CLIP_MODES", "cispo_loss"]

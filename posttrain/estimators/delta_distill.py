@@ -40,6 +40,7 @@ __all__ = [
     "centered_advantage",
     "exopd_advantages",
     "opd2_advantages",
+    "sampled_on_support",
     "student_expectation",
     "tempered_log_softmax",
     "topk_support",
@@ -79,6 +80,39 @@ def topk_support(logp_student: Float[Tensor, "B T V"], sampled: Int[Tensor, "B T
     present = (ids == sampled.unsqueeze(-1)).any(-1, keepdim=True)
     last = torch.where(present, ids[..., -1:], sampled.unsqueeze(-1))
     return torch.cat([ids[..., :-1], last], dim=-1)
+
+
+def sampled_on_support(
+    values_k: Float[Tensor, "B T K"],
+    topk_ids: Int[Tensor, "B T K"],
+    sampled: Int[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+) -> Float[Tensor, "B T"]:
+    """The column of ``values_k`` whose id is the sampled token (:func:`topk_support` puts it in the support).
+
+    Raises:
+        DomainError: the sampled id is missing from ``topk_ids`` at a valid (mask=True) position.
+
+    Example:
+        >>> ids = torch.tensor([[[0, 3], [1, 2]]])
+        >>> sampled_on_support(torch.tensor([[[-0.5, -2.0], [-1.0, -0.7]]]), ids, torch.tensor([[3, 1]]),
+        ...                    torch.tensor([[True, True]])).tolist()
+        [[-2.0, -1.0]]
+    """
+    check_float("values_k", values_k, ndim=3)
+    check_tensor("topk_ids", topk_ids, ndim=3)
+    check_tensor("sampled", sampled, ndim=2)
+    if tuple(topk_ids.shape) != tuple(values_k.shape):
+        raise ShapeError(
+            f"topk_ids: expected shape {list(values_k.shape)} (the shape of values_k), got {list(topk_ids.shape)}"
+        )
+    check_mask("mask", mask, values_k.shape[:2])
+    if tuple(sampled.shape) != tuple(values_k.shape[:2]):
+        raise ShapeError(f"sampled: expected shape {list(values_k.shape[:2])}, got {list(sampled.shape)}")
+    hit = topk_ids == sampled.unsqueeze(-1)
+    if not bool(hit.any(-1)[mask].all()):
+        raise DomainError("topk_ids: the sampled id must be in the support at every valid position (see topk_support)")
+    return values_k.gather(-1, hit.int().argmax(-1, keepdim=True)).squeeze(-1)
 
 
 def student_expectation(

@@ -117,7 +117,8 @@ def opd_token_advantages(
     tm = mask if teacher_mask is None else check_mask("teacher_mask", teacher_mask, mask.shape)
     if value_checks_enabled() and teacher_mask is not None and bool((tm & ~mask).any()):
         raise DomainError("teacher_mask: expected a subset of mask, found positions outside the response")
-    d = zero_off_mask((logp_teacher - logp_old).detach(), tm)
+    d = logp_teacher.detach() - logp_old.detach()  # the one [B, T] allocation; masked in place below
+    d = torch.where(tm, d, torch.zeros((), dtype=d.dtype, device=d.device), out=d)
     return check_finite("logp_teacher - logp_old", d)
 
 
@@ -215,8 +216,11 @@ def topk_reverse_kl(
     size = int(check_positive("chunk_size", chunk_size))
     k = logp_student_k.shape[-1]
     ls, lt = logp_student_k.detach().reshape(-1, k), logp_teacher_k.detach().reshape(-1, k)
-    parts = [(torch.softmax(a, -1) * (a - b)).sum(-1) for a, b in zip(ls.split(size), lt.split(size), strict=True)]
-    kl = zero_off_mask(torch.cat(parts).reshape(mask.shape), mask)
+    out = torch.empty(ls.shape[0], dtype=torch.result_type(ls, lt), device=ls.device)
+    for a, b, o in zip(ls.split(size), lt.split(size), out.split(size), strict=True):
+        diff = torch.sub(a, b)  # chunk-sized temporaries only; the product is formed in place
+        torch.sum(diff.mul_(torch.softmax(a, -1)), -1, out=o)
+    kl = out.reshape(mask.shape).masked_fill_(~mask, 0.0)
     return check_finite("topk reverse KL", kl)
 
 

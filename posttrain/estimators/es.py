@@ -13,6 +13,12 @@ Noise is drawn in float32 (float64 for float64 parameters), scaled, then cast to
 dtype; update directions are accumulated tensor by tensor in that precision. Streams differ
 between devices (CPU and CUDA generators are different algorithms): pick one device per run.
 
+A tensor's noise is drawn from its one generator in consecutive flat chunks of
+:data:`NOISE_CHUNK` elements (:func:`noise_chunks`), so the in-place operations (:func:`perturb_`,
+:func:`restore_`, :func:`apply_es_step_`) hold one or two chunk-sized buffers, whatever the size of
+the largest parameter. On CPU the chunked stream is bit-identical to one ``torch.randn`` of the
+whole tensor (the artifact's draw), which the tests check.
+
 The step follows the papers: :math:`\theta^+ = \theta + \alpha \frac1P\sum_i w_i s_i\varepsilon_{k_i}`
 with :math:`w` the shaped rewards (z-score by default) and no explicit :math:`1/\sigma` (absorbed
 in :math:`\alpha`). :func:`evolution_strategy` bundles it as an optax-style
@@ -22,7 +28,8 @@ in :math:`\alpha`). :func:`evolution_strategy` bundles it as an optax-style
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterator, Mapping
 from enum import Enum
 from typing import NamedTuple
 
@@ -35,6 +42,7 @@ from posttrain.registry import registry
 from posttrain.validate import check_finite, check_float, check_positive, check_tensor
 
 __all__ = [
+    "NOISE_CHUNK",
     "EsPopulation",
     "EsState",
     "EvolutionStrategy",
@@ -48,12 +56,14 @@ __all__ = [
     "es_gradient",
     "es_step",
     "evolution_strategy",
+    "noise_chunks",
     "perturb_",
     "perturbed_params",
     "population_forward",
     "population_noise",
     "relative_drift",
     "restore_",
+    "roundtrip_",
     "seeded_noise",
     "shape_rewards",
     "tensor_seed",
@@ -64,6 +74,9 @@ __all__ = [
 
 Params = Mapping[str, Tensor]
 _MASK64 = (1 << 64) - 1
+NOISE_CHUNK = 1 << 14
+"""Elements per noise chunk (64 KiB of float32): the bound on the in-place operations' temporaries."""
+_TAIL = 16  # CPU normal_ transforms blocks of 16 and redraws a shorter tail: a last chunk is >= 16 long
 
 
 class RewardShaping(str, Enum):
@@ -124,7 +137,8 @@ def seeded_noise(
     r"""Standard normal noise for tensor ``name`` of member ``seed``: a pure function of its arguments.
 
     Drawn with a fresh ``torch.Generator`` on ``device`` seeded by :func:`tensor_seed`, in float64
-    when ``dtype`` is float64 and float32 otherwise (the caller casts after scaling).
+    when ``dtype`` is float64 and float32 otherwise (the caller casts after scaling), in the flat
+    chunks of :func:`noise_chunks`; on CPU this equals one ``torch.randn(shape)`` from that generator.
 
     Args:
         seed: the member's non-negative integer seed. name: the tensor's stable name.
@@ -138,9 +152,57 @@ def seeded_noise(
         >>> bool((seeded_noise(3, "w", (2, 2)) == seeded_noise(3, "w", (2, 2))).all())
         True
     """
+    out = torch.empty(tuple(shape), dtype=_noise_dtype(dtype), device=device)
+    flat, gen = out.view(-1), _generator(seed, name, device, mix_names)
+    for start, stop in _chunk_spans(flat.numel(), NOISE_CHUNK):
+        flat[start:stop].normal_(generator=gen)  # the chunks of noise_chunks, drawn in place
+    return out
+
+
+def _chunk_spans(numel: int, chunk: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive ``chunk``-long spans of ``numel``; a last one shorter than 16 joins the one before."""
+    if chunk < _TAIL or chunk % _TAIL:
+        raise DomainError(f"chunk: expected a positive multiple of {_TAIL}, got {chunk}")
+    starts = list(range(0, numel, chunk))
+    if len(starts) > 1 and numel - starts[-1] < _TAIL:
+        starts.pop()
+    return list(itertools.pairwise([*starts, numel]))
+
+
+def _generator(seed: int, name: str, device: torch.device | str | None, mix_names: bool) -> torch.Generator:
     gen = torch.Generator(device=device if device is not None else "cpu")
-    gen.manual_seed(tensor_seed(seed, name, mix_names=mix_names))
-    return torch.randn(tuple(shape), generator=gen, dtype=_noise_dtype(dtype), device=device)
+    return gen.manual_seed(tensor_seed(seed, name, mix_names=mix_names))
+
+
+def noise_chunks(
+    seed: int,
+    name: str,
+    numel: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    mix_names: bool = True,
+    chunk: int = NOISE_CHUNK,
+    out: Tensor | None = None,
+) -> Iterator[tuple[int, int, Tensor]]:
+    r"""The flat noise of tensor ``name`` of member ``seed`` as ``(start, stop, values)`` chunks.
+
+    ``values`` (``[stop - start]``) are the next draws of the tensor's one generator; every chunk is
+    ``chunk`` long except the last, which absorbs a remainder shorter than 16. ``values`` is a view
+    of one reused buffer (``out`` if given, at least ``chunk + 15`` elements): consume it before the
+    next chunk. Concatenated, the chunks are :func:`seeded_noise` flattened.
+
+    Example:
+        >>> parts = [v.clone() for _, _, v in noise_chunks(3, "w", 40, chunk=16)]
+        >>> [len(v) for v in parts], bool(torch.equal(torch.cat(parts), seeded_noise(3, "w", (40,))))
+        ([16, 24], True)
+    """
+    spans = _chunk_spans(numel, chunk)
+    gen = _generator(seed, name, device, mix_names)
+    width = max((b - a for a, b in spans), default=0)
+    buf = torch.empty(width, dtype=_noise_dtype(dtype), device=device) if out is None else out
+    for start, stop in spans:
+        yield start, stop, buf[: stop - start].normal_(generator=gen)
 
 
 def _check_population(population: EsPopulation) -> EsPopulation:
@@ -302,21 +364,70 @@ def _named_float(params: Params) -> Params:
 def perturb_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
     r"""In place, per tensor: :math:`\theta^{(n)} \leftarrow \theta^{(n)} + \mathrm{sign}\,\sigma\varepsilon^{(n)}_{k}`.
 
-    One transient noise tensor at a time, so peak extra memory is one float32 copy of the largest
-    tensor. Tied parameters must appear once in ``params`` (``named_parameters()`` deduplicates).
-    Runs under ``torch.no_grad()``.
+    The noise comes in :data:`NOISE_CHUNK`-element chunks (:func:`noise_chunks`) through one reused
+    buffer, so the peak extra memory is one chunk (plus its cast for low-precision parameters),
+    independent of the parameters' sizes. Tied parameters must appear once in ``params``
+    (``named_parameters()`` deduplicates). Runs under ``torch.no_grad()``.
     """
+    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=False)
+
+
+def _add_noise_(params: Params, seed: int, *, sigma: float, sign: float, mix_names: bool, roundtrip: bool) -> None:
+    """``p += d`` (or, with ``roundtrip``, ``p = (p + d) - d``) per chunk, ``d = sign * sigma * noise`` cast to ``p``."""
     _named_float(params)
     sigma = check_positive("sigma", sigma, strict=False)
+    buffer = _chunk_buffer(params)
     with torch.no_grad():
         for name, p in params.items():
-            eps = seeded_noise(seed, name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names)
-            p.add_(eps.mul_(sign * sigma).to(p.dtype))  # scale in place: one transient tensor
+            flat = _flat_view(p)
+            for start, stop, eps in noise_chunks(seed, name, p.numel(), dtype=p.dtype, device=p.device,
+                                                 mix_names=mix_names, out=buffer(p)):  # fmt: skip
+                d = eps.mul_(sign * sigma).to(p.dtype)
+                part = flat[start:stop].add_(d)
+                if roundtrip:
+                    part.sub_(d)
+            _write_back(p, flat)
+
+
+def _chunk_buffer(params: Params) -> Callable[[Tensor], Tensor]:
+    """``buffer(p)``: one chunk buffer per (noise dtype, device) of ``params``, allocated once and reused."""
+    width: dict[tuple[torch.dtype, torch.device], int] = {}
+    for p in params.values():
+        key = (_noise_dtype(p.dtype), p.device)
+        width[key] = max(width.get(key, 0), min(p.numel(), NOISE_CHUNK + _TAIL - 1))
+    bufs = {key: torch.empty(w, dtype=key[0], device=key[1]) for key, w in width.items()}
+    return lambda p: bufs[(_noise_dtype(p.dtype), p.device)]
+
+
+def _flat_view(p: Tensor) -> Tensor:
+    """``p`` flattened without a copy when contiguous (the usual case for parameters), else a contiguous copy."""
+    return p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
+
+
+def _write_back(p: Tensor, flat: Tensor) -> None:
+    if not p.is_contiguous():
+        p.copy_(flat.view(p.shape))
 
 
 def restore_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
     """Undo :func:`perturb_` by subtracting the same regenerated noise (exact only in exact arithmetic)."""
     perturb_(params, seed, sigma=sigma, sign=-sign, mix_names=mix_names)
+
+
+def roundtrip_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
+    r""":func:`perturb_` then :func:`restore_` with nothing in between, drawing the noise once.
+
+    Bit-identical to the pair (:math:`\theta \leftarrow (\theta + d) - d` with the same rounded
+    :math:`d = \mathrm{sign}\,\sigma\varepsilon`, and :math:`-d` is exact), at half the noise cost:
+    how a process replays the members it does not evaluate to stay bit-identical to one process.
+
+    Example:
+        >>> a, b = {"w": torch.linspace(-1, 1, 40)}, {"w": torch.linspace(-1, 1, 40)}
+        >>> perturb_(a, 4, sigma=0.3); restore_(a, 4, sigma=0.3); roundtrip_(b, 4, sigma=0.3)
+        >>> bool(torch.equal(a["w"], b["w"]))
+        True
+    """
+    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=True)
 
 
 def perturbed_params(
@@ -336,6 +447,11 @@ def perturbed_params(
     return out
 
 
+def _member_coefficients(population: EsPopulation, weights: Tensor) -> list[float]:
+    """:math:`w_i s_i / P` per member, in float64."""
+    return (weights.double() * population.signs.double() / weights.shape[0]).tolist()
+
+
 def es_direction(
     params: Params, population: EsPopulation, weights: Float[Tensor, " P"], *, mix_names: bool = True
 ) -> dict[str, Tensor]:
@@ -352,7 +468,7 @@ def es_direction(
         raise ShapeError(
             f"weights: expected shape {list(population.seeds.shape)} (one per member), got {list(weights.shape)}"
         )
-    coef = (weights.double() * population.signs.double() / weights.shape[0]).tolist()
+    coef = _member_coefficients(population, weights)
     seeds = population.seeds.tolist()
     out = {}
     for name, p in params.items():
@@ -410,15 +526,36 @@ def apply_es_step_(
     shaping: RewardShaping = RewardShaping.ZSCORE,
     mix_names: bool = True,
 ) -> None:
-    """In place: add :func:`es_step`'s increments to ``params`` tensor by tensor (fp32 accumulate, cast once)."""
+    """In place: add :func:`es_step`'s increments to ``params`` (fp32 accumulate, cast once), chunk by chunk.
+
+    For each tensor the ``P`` members' generators advance together over the tensor's noise chunks
+    (:func:`noise_chunks`), so the extra memory is two chunk buffers (accumulator and noise) and
+    ``P`` generator states, independent of the parameters' sizes. Every element sees the same
+    float operations in the same order as :func:`es_step`, so the result equals
+    ``params + es_step(...)`` exactly.
+    """
+    _named_float(params)
+    _check_population(population)
     if population.seeds.shape != getattr(rewards, "shape", None):
         raise ShapeError(f"rewards: expected shape {list(population.seeds.shape)} (one per member)")
     lr = check_positive("lr", lr, strict=False)
     weights = shape_rewards(rewards, shaping)
+    coef = _member_coefficients(population, weights)
+    members = [(int(s), c) for s, c in zip(population.seeds.tolist(), coef, strict=True) if c != 0.0]
+    accumulator, buffer = _chunk_buffer(params), _chunk_buffer(params)
     with torch.no_grad():
         for name, p in params.items():
-            d = es_direction({name: p}, population, weights, mix_names=mix_names)[name]
-            p.add_(d.mul_(lr).to(p.dtype))
+            flat, acc, noise = _flat_view(p), accumulator(p), buffer(p)
+            streams = [
+                (noise_chunks(s, name, p.numel(), dtype=p.dtype, device=p.device, mix_names=mix_names, out=noise), c)
+                for s, c in members
+            ]
+            for start, stop in _chunk_spans(p.numel(), NOISE_CHUNK):
+                total = acc[: stop - start].zero_()
+                for stream, c in streams:
+                    total.add_(next(stream)[2], alpha=c)
+                flat[start:stop].add_(total.mul_(lr).to(p.dtype))
+            _write_back(p, flat)
 
 
 class EvolutionStrategy(NamedTuple):

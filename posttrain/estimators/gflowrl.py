@@ -32,6 +32,7 @@ __all__ = [
     "LengthNorm",
     "flow_gap",
     "flowrl_loss",
+    "flowrl_optimal_log_z",
     "gflowrl_loss",
     "mc_log_partition",
 ]
@@ -279,6 +280,48 @@ def gflowrl_loss(
     return _spread_over_tokens(seq_loss, lengths, valid, mask), diag
 
 
+class _FlowRLTerms(NamedTuple):
+    offset: Tensor  # [G, K] (S - S_ref)/L - beta r_hat: the residual without log Z (gradient via logp)
+    weight: Tensor  # [G, K] clipped sequence IS weight (detached)
+    raw: Tensor  # [G, K] unclipped sequence IS ratio (detached)
+    lengths: Tensor
+    valid: Tensor
+
+
+def _check_flowrl_options(beta: float, clip: float) -> tuple[float, float]:
+    """FlowRL's hyperparameters: ``beta > 0`` and the IS clip ``clip`` in (0, 1); returned as floats."""
+    beta = check_positive("beta", beta)
+    clip = check_positive("clip", clip)
+    if clip >= 1.0:
+        raise DomainError(f"clip: expected a value in (0, 1), got {clip!r}")
+    return beta, clip
+
+
+def _flowrl_terms(
+    logp: Tensor,
+    logp_old: Tensor,
+    logp_ref: Tensor,
+    rewards: Tensor,
+    mask: Tensor,
+    *,
+    beta: float,
+    clip: float,
+    r_hat: Tensor | None,
+) -> _FlowRLTerms:
+    """Validate FlowRL's inputs and compute the per-sequence terms shared by the loss and the optimal log Z."""
+    beta, clip = _check_flowrl_options(beta, clip)
+    sums, lengths, valid = _grouped_sums("rewards", rewards, mask, logp=logp, logp_old=logp_old, logp_ref=logp_ref)
+    if r_hat is None:
+        r_hat = group_normalized_advantages(rewards.detach())
+    else:
+        check_float("r_hat", r_hat, ndim=2)
+        check_same_shape("rewards", rewards, r_hat=r_hat)
+        check_finite("r_hat", r_hat)
+    offset = (sums["logp"] - sums["logp_ref"].detach()) / lengths.clamp(min=1) - beta * r_hat.detach()
+    raw = torch.exp((sums["logp"] - sums["logp_old"]).detach().clamp(-20.0, 20.0))
+    return _FlowRLTerms(offset, raw.clamp(1.0 - clip, 1.0 + clip), raw, lengths, valid)
+
+
 @register_policy_loss("flowrl", paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207")
 def flowrl_loss(
     logp: Float[Tensor, "B T"],
@@ -290,6 +333,7 @@ def flowrl_loss(
     *,
     beta: float = 15.0,
     clip: float = 0.2,
+    r_hat: Float[Tensor, "G K"] | None = None,
 ) -> tuple[Float[Tensor, "B T"], GFlowRLDiagnostics]:
     r"""FlowRL's trajectory-balance loss with a learned log-partition (the GFlowRL baseline).
 
@@ -299,12 +343,15 @@ def flowrl_loss(
         \mathcal L_i = w_i\Delta_i^2
 
     with :math:`\hat r` the group z-scored reward (:func:`group_normalized_advantages`). Gradients
-    flow into both ``logp`` and ``log_z``.
+    flow into both ``logp`` and ``log_z``; the ``log_z`` minimising the batch's loss is
+    :func:`flowrl_optimal_log_z`.
 
     Args:
         logp, logp_old, logp_ref: ``[B, T]``. rewards: ``[G, K]``. mask: ``[B, T]``.
         log_z: ``[G]`` learned log-partition per prompt (carries gradient).
         beta: reward scale (FlowRL: 15). clip: :math:`\epsilon \in (0, 1)`.
+        r_hat: optional ``[G, K]`` precomputed :math:`\hat r` (z-scored over whole groups before
+            micro-batching); ``rewards`` then only gives the shape.
 
     Returns:
         ``(loss [B, T], GFlowRLDiagnostics)``; aggregate with ``seq-mean-token-sum``.
@@ -318,24 +365,57 @@ def flowrl_loss(
         >>> [round(x, 3) for x in d.sequence_loss[0].tolist()]
         [0.5, 0.5]
     """
-    beta = check_positive("beta", beta)
-    clip = check_positive("clip", clip)
-    if clip >= 1.0:
-        raise DomainError(f"clip: expected a value in (0, 1), got {clip!r}")
-    sums, lengths, valid = _grouped_sums("rewards", rewards, mask, logp=logp, logp_old=logp_old, logp_ref=logp_ref)
+    terms = _flowrl_terms(logp, logp_old, logp_ref, rewards, mask, beta=beta, clip=clip, r_hat=r_hat)
     check_float("log_z", log_z, ndim=1)
     if log_z.shape[0] != rewards.shape[0]:
         raise ShapeError(f"log_z: expected shape [{rewards.shape[0]}], got {list(log_z.shape)}")
-    r_hat = group_normalized_advantages(rewards.detach())
-    residual = log_z.unsqueeze(-1) + (sums["logp"] - sums["logp_ref"].detach()) / lengths.clamp(min=1) - beta * r_hat
-    raw = torch.exp((sums["logp"] - sums["logp_old"]).detach().clamp(-20.0, 20.0))
-    weight = raw.clamp(1.0 - clip, 1.0 + clip)
-    seq_loss = torch.where(valid, weight * residual**2, torch.zeros((), dtype=residual.dtype))
+    residual = log_z.unsqueeze(-1) + terms.offset
+    zero = torch.zeros((), dtype=residual.dtype, device=residual.device)
+    seq_loss = torch.where(terms.valid, terms.weight * residual**2, zero)
     with torch.no_grad():
         diag = GFlowRLDiagnostics(
             seq_loss.detach(),
             log_z.detach(),
-            masked_mean((raw != weight).to(raw.dtype), valid),
-            masked_mean(weight, valid),
+            masked_mean((terms.raw != terms.weight).to(terms.raw.dtype), terms.valid),
+            masked_mean(terms.weight, terms.valid),
         )
-    return _spread_over_tokens(seq_loss, lengths, valid, mask), diag
+    return _spread_over_tokens(seq_loss, terms.lengths, terms.valid, mask), diag
+
+
+def flowrl_optimal_log_z(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    logp_ref: Float[Tensor, "B T"],
+    rewards: Float[Tensor, "G K"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    beta: float = 15.0,
+    clip: float = 0.2,
+    r_hat: Float[Tensor, "G K"] | None = None,
+) -> Float[Tensor, " G"]:
+    r"""The per-prompt :math:`\log Z` that minimises :func:`flowrl_loss` on this batch (no gradient).
+
+    :math:`\sum_i w_i\Delta_i^2` is a convex quadratic in :math:`\log Z(x)`, minimised at the
+    weighted mean
+
+    .. math:: \log Z^\star(x) = \frac{\sum_{i\in x} w_i\big(\beta\hat r_i - (S_i - S^{ref}_i)/L_i\big)}{\sum_{i\in x} w_i}
+
+    (valid responses only; 0 for a group without one). At :math:`\theta = \theta_{old}` (all
+    :math:`w_i = 1`) this is GFlowRL's in-batch estimate :func:`mc_log_partition` of
+    :math:`\beta\hat r_i + (S^{ref}_i - S^{old}_i)/L_i` (the ``normalized`` variant): the learned
+    :math:`\log Z_\phi` of FlowRL chases what GFlowRL computes in closed form.
+
+    Args: as :func:`flowrl_loss` (without ``log_z``).
+
+    Returns:
+        ``[G]`` optimal log-partitions.
+
+    Example:
+        >>> lp = torch.tensor([[-1.0], [-2.0]]); m = torch.ones(2, 1, dtype=torch.bool)  # r_hat = +-0.7071
+        >>> flowrl_optimal_log_z(lp, lp, torch.zeros(2, 1), torch.tensor([[1.0, 0.0]]), m, beta=1.0).tolist()
+        [1.5]
+    """
+    with torch.no_grad():
+        t = _flowrl_terms(logp, logp_old, logp_ref, rewards, mask, beta=beta, clip=clip, r_hat=r_hat)
+        w = torch.where(t.valid, t.weight, torch.zeros((), dtype=t.weight.dtype, device=t.weight.device))
+        return -(w * t.offset.detach()).sum(-1) / w.sum(-1).clamp(min=torch.finfo(w.dtype).tiny)

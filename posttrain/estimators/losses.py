@@ -27,7 +27,15 @@ from posttrain.validate import (
     value_checks_enabled,
 )
 
-__all__ = ["GSPO_LOG_RATIO_MAX", "ClipDiagnostics", "clipped_ratio_loss", "gspo_loss", "ppo_clip_objective"]
+__all__ = [
+    "CISPO_CLIP_MODES",
+    "GSPO_LOG_RATIO_MAX",
+    "ClipDiagnostics",
+    "cispo_loss",
+    "clipped_ratio_loss",
+    "gspo_loss",
+    "ppo_clip_objective",
+]
 
 
 GSPO_LOG_RATIO_MAX = 10.0
@@ -143,6 +151,7 @@ def clipped_ratio_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
+    on_policy: Bool[Tensor, "B T"] | None = None,
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
     r"""PPO clipped-ratio policy loss per token (clip-higher and dual clip as options).
 
@@ -166,6 +175,10 @@ def clipped_ratio_loss(
         clip_low: :math:`\epsilon_{low} \in (0, 1)`.
         clip_high: :math:`\epsilon_{high} > 0`.
         dual_clip: the dual-clip constant :math:`c > 1`, or None.
+        on_policy: optional ``[B, T]`` boolean; on these tokens the log-ratio is replaced by
+            :math:`\ell - \mathrm{sg}(\ell)` (ratio value 1, gradient :math:`\nabla\ell`, never clipped),
+            in place of a substituted copy of ``logp_old`` (SIS's accepted tokens,
+            :func:`posttrain.estimators.sis.sis_loss`).
 
     Returns:
         ``(loss [B, T], ClipDiagnostics)``.
@@ -205,6 +218,9 @@ def clipped_ratio_loss(
     if value_checks_enabled() and not bool(torch.isfinite(lr.detach().sum())):
         check_finite("logp", logp, mask)
         check_finite("logp_old", logp_old, mask)
+    if on_policy is not None:  # value 0, gradient kept: edit the data only (no saved tensor holds lr yet)
+        check_mask("on_policy", on_policy, logp.shape)
+        lr.detach().mul_((~on_policy).view(torch.uint8))
     lr = lr.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(lr)
     r_eff = _clipped_ratio(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
@@ -273,3 +289,116 @@ def gspo_loss(
     ratio = torch.exp(token_lr)
     loss, clipped, dual = ppo_clip_objective(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
     return _masked_with_diagnostics(loss, clipped, dual, log_ratio(logp, logp_old), ratio, mask)
+
+
+CISPO_CLIP_MODES = ("verl", "minimax")
+"""The two conventions for CISPO's weight: relative bounds around 1 (verl) or an absolute cap (MiniMax/TRL)."""
+
+
+def _cispo_bounds(clip_mode: str, clip_low: float | None, clip_high: float | None) -> tuple[float, float]:
+    """The weight's ``(lower, upper)`` clamp bounds for ``clip_mode``; DomainError naming the bad option."""
+    if clip_mode == "verl":
+        low = check_positive("clip_low", 0.2 if clip_low is None else clip_low)
+        high = check_positive("clip_high", 0.2 if clip_high is None else clip_high)
+        return max(1.0 - low, 0.0), 1.0 + high
+    if clip_mode == "minimax":
+        if clip_low is not None:
+            raise DomainError(f"clip_low: not used with clip_mode='minimax' (no lower bound), got {clip_low!r}")
+        cap = 5.0 if clip_high is None else float(clip_high)
+        if not cap >= 1.0:  # also NaN; a relative epsilon such as 0.28 here is the likely mistake
+            raise DomainError(
+                f"clip_high: with clip_mode='minimax' it is the absolute cap on the weight, expected a number >= 1, "
+                f"got {clip_high!r} (relative bounds are clip_mode='verl')"
+            )
+        return 0.0, cap
+    raise DomainError(f"clip_mode: expected one of {', '.join(CISPO_CLIP_MODES)}, got {clip_mode!r}")
+
+
+@register_policy_loss("cispo", paper="MiniMax 2025, MiniMax-M1 (CISPO), arXiv:2506.13585")
+def cispo_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    clip_mode: str = "verl",
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    on_policy: Bool[Tensor, "B T"] | None = None,
+) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
+    r"""CISPO: REINFORCE weighted by the clipped, stop-gradient importance ratio, per token.
+
+    .. math::
+        r = \exp(\mathrm{clamp}(\ell - \ell_{old}, -20, 20)),\qquad
+        L = -\,\mathrm{sg}(w)\,A\,\ell,\qquad
+        w = \begin{cases}\mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high}) & \texttt{clip\_mode="verl"}\\
+        \min(r, \epsilon_{high}) & \texttt{clip\_mode="minimax"}\end{cases}
+
+    so :math:`\partial L/\partial\ell = -wA`: unlike the PPO clip, a clipped token keeps a (capped)
+    gradient instead of none. The value is the literal :math:`-wA\ell` of verl's and TRL's ``cispo``
+    (not the ratio surrogate :math:`-wA e^{\ell-\mathrm{sg}(\ell)}`; the gradients agree). At
+    :math:`\ell = \ell_{old}`, :math:`w = 1` and the gradient is the REINFORCE/GRPO one, :math:`-A\nabla\ell`.
+
+    Conventions: ``"verl"`` (default; verl's ``cispo`` loss mode, defaults
+    :math:`\epsilon_{low} = \epsilon_{high} = 0.2` as verl's ``clip_ratio``; any
+    :math:`\epsilon_{low} \ge 1` removes the lower bound, the MiniMax paper's practice) and
+    ``"minimax"`` (TRL's ``loss_type="cispo"``: no lower bound, ``clip_high`` is the absolute cap
+    :math:`\epsilon_{high} \ge 1`, default 5.0; ``clip_low`` must be None). The paper's optional token
+    mask (its unified PPO-style formulation) is not implemented.
+
+    Args:
+        logp: ``[B, T]`` current-policy token log-probs (carries gradient).
+        logp_old: ``[B, T]`` behaviour (old-policy) token log-probs.
+        advantages: ``[B]`` per-sequence or ``[B, T]`` per-token advantages.
+        mask: ``[B, T]`` boolean response mask, at least one True.
+        clip_mode: ``"verl"`` or ``"minimax"`` (above).
+        clip_low: :math:`\epsilon_{low} > 0` (``"verl"`` only; None = 0.2).
+        clip_high: :math:`\epsilon_{high}`: > 0 relative (``"verl"``, None = 0.2) or >= 1 absolute
+            (``"minimax"``, None = 5.0).
+        on_policy: optional ``[B, T]`` boolean; on these tokens the ratio is 1 and so is the weight
+            (SIS's accepted tokens, as ``clipped_ratio_loss(..., on_policy=...)``): CISPO + SIS,
+            :math:`-\mathrm{sg}(\mathrm{clip}(\tilde\rho))A\ell`, is ``on_policy=accepted``
+            (*reconstructed* plug-in form, spec 16 section 3.3; equal to substituting
+            :func:`~posttrain.estimators.sis.sis_logp_old` for ``logp_old``).
+
+    Returns:
+        ``(loss [B, T], ClipDiagnostics)``; masked positions are 0 and get zero gradient whatever
+        the inputs hold there (NaN included); ``clip_frac`` counts tokens whose weight was clipped
+        (their gradient is scaled, not zeroed); ``dual_clip_frac`` is always 0.
+
+    Raises:
+        ShapeError: wrong ranks, dtypes or shapes. DomainError: unknown ``clip_mode``, bad clip
+        values, empty mask, non-finite inputs on valid positions.
+
+    References:
+        MiniMax 2025, MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention
+        (arXiv:2506.13585), section 3.1 (CISPO).
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[1.5, 0.5, 1.1]])).requires_grad_()  # ratios vs logp_old = 0
+        >>> m = torch.ones(1, 3, dtype=torch.bool)
+        >>> loss, d = cispo_loss(lp, torch.zeros(1, 3), torch.tensor([1.0]), m)
+        >>> loss.sum().backward()
+        >>> [round(-g, 4) for g in lp.grad[0].tolist()]  # the weights w = clip(r, 0.8, 1.2)
+        [1.2, 0.8, 1.1]
+        >>> round(float(d.clip_frac), 4)
+        0.6667
+        >>> loss, _ = cispo_loss(lp, torch.zeros(1, 3), torch.tensor([1.0]), m, clip_mode="minimax", clip_high=1.25)
+        >>> torch.allclose(loss.detach(), -torch.tensor([[1.25, 0.5, 1.1]]) * lp.detach())  # w = min(r, 1.25)
+        True
+    """
+    lower, upper = _cispo_bounds(clip_mode, clip_low, clip_high)
+    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    if on_policy is not None:
+        check_mask("on_policy", on_policy, logp.shape)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp_v = torch.where(mask, logp, zero)  # off-mask NaN/inf reach neither value nor gradient
+    with torch.no_grad():
+        lr = torch.where(mask, log_ratio(logp, logp_old), zero)
+        if on_policy is not None:
+            lr = lr.masked_fill_(on_policy, 0.0)  # ratio 1, inside every clip range: weight exactly 1
+        ratio = torch.exp(lr)
+        weight = ratio.clamp(lower, upper)
+        scaled = torch.where(mask, adv, zero).mul_(weight)
+    loss = -scaled * logp_v
+    return _masked_with_diagnostics(loss, weight != ratio, torch.zeros_like(mask), lr, ratio, mask)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from posttrain.errors import ShapeError
 from posttrain.estimators._registry import register_policy_loss
-from posttrain.estimators.aggregate import masked_sum
+from posttrain.estimators.aggregate import _zero_off_mask
 from posttrain.estimators.losses import ClipDiagnostics, _check_policy_inputs, clipped_ratio_loss
 from posttrain.estimators.ratios import log_ratio
 from posttrain.validate import check_float, check_mask, check_positive, check_same_shape, check_tensor
@@ -38,6 +38,7 @@ __all__ = [
     "sis_divergence",
     "sis_logp_old",
     "sis_loss",
+    "sis_rejection_test",
     "token_in_topk",
     "truncated_is_loss",
 ]
@@ -90,7 +91,8 @@ def sis_acceptance_prob(
 
     With K = V (all tokens) this is exact rejection sampling: accepted proposals are distributed as
     :math:`\pi_\theta(\cdot|s_t)`. With K < V, M may be below 1 and tokens outside the top-K are
-    always rejected (``in_topk`` False).
+    always rejected (``in_topk`` False). A support column at :math:`-\infty` under both policies makes
+    :math:`\log M` undefined; such tokens get :math:`a = 0` (rejected), never NaN.
 
     Args:
         logp: ``[B, T]`` current-policy log-probs of the stored tokens (gradient ignored).
@@ -112,6 +114,16 @@ def sis_acceptance_prob(
         >>> [round(x, 4) for x in sis_acceptance_prob(lp, lo, cur, old, torch.tensor([[True, True]]))[0].tolist()]
         [1.0, 0.375]
     """
+    with torch.no_grad():
+        a = _capped_ratio_over_envelope(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk)
+        a.nan_to_num_(nan=0.0)  # a support column at -inf under both policies: rejected, as sis_rejection_test does
+        return torch.where(in_topk, a, torch.zeros((), dtype=a.dtype, device=a.device))
+
+
+def _capped_ratio_over_envelope(
+    logp: Tensor, logp_old: Tensor, cur_topk_logp: Tensor, old_topk_logp: Tensor, in_topk: Tensor
+) -> Tensor:
+    r"""Validate the rejection test's inputs; return :math:`\exp(\min(0, \log\rho - \log M))` (0 for K = 0)."""
     check_float("logp", logp, ndim=2)
     check_same_shape("logp", logp, logp_old=logp_old)
     check_float("cur_topk_logp", cur_topk_logp, ndim=3)
@@ -121,13 +133,48 @@ def sis_acceptance_prob(
             f"cur_topk_logp: expected shape [{logp.shape[0]}, {logp.shape[1]}, K], got {list(cur_topk_logp.shape)}"
         )
     check_mask("in_topk", in_topk, logp.shape)
+    lr = logp.detach() - logp_old
+    if cur_topk_logp.shape[-1] == 0:
+        return torch.zeros_like(lr)
+    log_m = (cur_topk_logp - old_topk_logp).amax(dim=-1)
+    lr = lr.to(torch.promote_types(lr.dtype, log_m.dtype))  # no copy when the dtypes agree
+    return lr.sub_(log_m).clamp_(max=0.0).exp_()  # in place on this function's own temporary
+
+
+def sis_rejection_test(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    cur_topk_logp: Float[Tensor, "B T K"],
+    old_topk_logp: Float[Tensor, "B T K"],
+    in_topk: Bool[Tensor, "B T"],
+    u: Float[Tensor, "B T"],
+) -> Bool[Tensor, "B T"]:
+    r"""The whole rejection test in one pass: :math:`\mathrm{acc} = I \wedge \big(u < e^{\min(0, \log\rho - \log M)}\big)`.
+
+    Identical to ``sis_accept(sis_acceptance_prob(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk), u)``
+    for ``u`` in [0, 1) (same arithmetic for :math:`a`; the top-K indicator is applied to the boolean
+    outcome instead of zeroing :math:`a`, which saves a float ``[B, T]`` select). Use it when only the
+    outcome is needed (the trainer hook); no gradient.
+
+    Args:
+        logp, logp_old, cur_topk_logp, old_topk_logp, in_topk: as :func:`sis_acceptance_prob`.
+        u: ``[B, T]`` i.i.d. Uniform(0, 1) draws (see :func:`sis_accept`).
+
+    Returns:
+        ``[B, T]`` boolean, the accepted tokens.
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[0.5, 0.2]])); lo = torch.log(torch.tensor([[0.25, 0.4]]))
+        >>> cur = torch.log(torch.tensor([[[0.5, 0.3], [0.2, 0.8]]]))
+        >>> old = torch.log(torch.tensor([[[0.25, 0.75], [0.4, 0.6]]]))
+        >>> sis_rejection_test(lp, lo, cur, old, torch.tensor([[True, True]]), torch.tensor([[0.9, 0.4]])).tolist()
+        [[True, False]]
+    """
     with torch.no_grad():
-        lr = logp.detach() - logp_old
-        if cur_topk_logp.shape[-1] == 0:
-            return torch.zeros_like(lr)
-        log_m = (cur_topk_logp - old_topk_logp).amax(dim=-1)
-        log_a = torch.clamp(lr - log_m, max=0.0)
-        return torch.where(in_topk, log_a.exp(), torch.zeros((), dtype=lr.dtype, device=lr.device))
+        a = _capped_ratio_over_envelope(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk)
+        check_float("u", u)
+        check_same_shape("logp", logp, u=u)
+        return (u < a).logical_and_(in_topk)
 
 
 def sis_accept(accept_prob: Float[Tensor, "B T"], u: Float[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
@@ -192,10 +239,11 @@ def sis_divergence(
         [0.4, 0.3]
     """
     check_mask("mask", mask, logp.shape)
-    with torch.no_grad():
-        abs_lr = log_ratio(logp.detach(), logp_old).abs()
-        d_orig = masked_sum(abs_lr, mask, dim=-1)
-        d_sis = masked_sum(abs_lr, mask & ~accepted, dim=-1)
+    check_mask("accepted", accepted, logp.shape)
+    with torch.no_grad():  # one [B, T] temporary, edited in place
+        abs_lr = _zero_off_mask(log_ratio(logp.detach(), logp_old).abs_(), mask, inplace=True)
+        d_orig = abs_lr.sum(dim=-1)
+        d_sis = abs_lr.mul_((~accepted).view(torch.uint8)).sum(dim=-1)
     return d_orig, d_sis
 
 
@@ -220,7 +268,8 @@ def sis_loss(
         -A_b\,\mathrm{clip}(\rho_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
 
     (*reconstructed* plug-in form). Equal to ``clipped_ratio_loss(logp, sis_logp_old(logp, logp_old,
-    accepted), ...)``. With ``accepted`` all False this is exactly the clipped token-IS loss; with
+    accepted), ...)``, computed as ``clipped_ratio_loss(..., on_policy=accepted)`` (the substitution is
+    made in the loss's own log-ratio temporary: no ``[B, T]`` copy of ``logp_old``). With ``accepted`` all False this is exactly the clipped token-IS loss; with
     ``logp == logp_old`` it is exactly on-policy GRPO whatever ``accepted`` is.
 
     Args:
@@ -247,9 +296,15 @@ def sis_loss(
     """
     check_mask("accepted", accepted, logp.shape)
     loss, clip = clipped_ratio_loss(
-        logp, sis_logp_old(logp, logp_old, accepted), advantages, mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-    )  # fmt: skip
+        logp,
+        logp_old,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        on_policy=accepted,
+    )
     with torch.no_grad():
         rate = (accepted & mask).count_nonzero().to(loss.dtype) / mask.count_nonzero().clamp(min=1).to(loss.dtype)
         d_orig, d_sis = sis_divergence(logp, logp_old, accepted, mask) if divergence else (None, None)

@@ -53,6 +53,7 @@ __all__ = [
     "UpdateContext",
     "build_algorithm",
     "normaliser",
+    "update_seed",
 ]
 
 METHODS = registry("method")
@@ -111,12 +112,24 @@ METHODS.add(
     paper="Schulman et al. 2017 arXiv:1707.06347; Ye et al. 2020 arXiv:1912.09729",
     summary="PPO-clip with dual clip c=3 on group-normalised advantages (no critic), token mean.",
 )
+METHODS.add(
+    "cispo",
+    MethodPreset("grpo", "cispo", "token-mean"),
+    paper="MiniMax 2025, MiniMax-M1 (CISPO), arXiv:2506.13585",
+    summary="CISPO: group-normalised advantages, REINFORCE weighted by the clipped stop-gradient ratio, token mean.",
+)
 
 METHODS.add(
     "gflowrl",
     MethodBundle("posttrain.llm.gflowrl_algorithm:gflowrl_algorithm"),
     paper="Liu et al. 2026, GFlowRL, arXiv:2607.13394",
     summary="GFlowRL: whole-group clipped flow gaps vs a reference, IS-corrected trajectory balance.",
+)
+METHODS.add(
+    "flowrl",
+    MethodBundle("posttrain.llm.gflowrl_algorithm:flowrl_algorithm"),
+    paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207 (spec 14 baseline)",
+    summary="FlowRL: trajectory balance with a learned log Z(x), an MLP over the prompt's mean hidden state.",
 )
 
 METHODS.add(
@@ -129,7 +142,7 @@ METHODS.add(
     "opd_then_rl",
     MethodBundle("posttrain.llm.distill_bundles:opd_then_rl_algorithm"),
     paper="Li et al. 2026, Sequential Beats Joint, arXiv:2609.04108",
-    summary="OPD-then-RL: OPD advantages (teacher log-probs) up to switch_step, then GRPO; no teacher pass after.",
+    summary="OPD-then-RL: OPD advantages (teacher log-probs) up to switch_step or a validation plateau, then GRPO.",
 )
 
 METHODS.add(
@@ -137,6 +150,12 @@ METHODS.add(
     MethodBundle("posttrain.llm.distill_bundles:exopd_algorithm"),
     paper="ExOPD / G-OPD reward extrapolation, arXiv:2602.12125 (spec 13 baseline)",
     summary="ExOPD: PPO-clip on lam*(teacher - reference) - (student - reference); reference = model.reference.",
+)
+METHODS.add(
+    "opd2",
+    MethodBundle("posttrain.llm.distill_bundles:opd2_algorithm"),
+    paper="Heo et al. 2026, On-Policy Delta Distillation, arXiv:2607.15161",
+    summary="OPD²: PPO-clip on the centred, sign-gated teacher-minus-teacher-base delta on the student's top-K.",
 )
 
 NEEDS_FROM_SIGNATURE = ("logp_ref", "logp_teacher")
@@ -163,11 +182,29 @@ def normaliser(mask: Bool[Tensor, "B T"], mode: AggregationMode, horizon: int) -
     return rows * horizon if mode is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM else rows
 
 
+def update_seed(run_seed: int, step: int, update: int, rank: int) -> int:
+    """The seed of a ``before_update`` hook's random draws (e.g. SIS's uniforms): a 63-bit hash of
+    ``(run_seed, step, update, rank)`` tagged as a hook stream, so it never shares a stream with the
+    engine's sampling seed of any step or rank.
+
+    Example:
+        >>> update_seed(0, 0, 0, 0) == update_seed(0, 0, 0, 0) != update_seed(0, 0, 1, 0)
+        True
+    """
+    import numpy as np
+
+    keys = [int(run_seed), int(step), int(update), int(rank), 0x5EED]
+    if min(keys) < 0:
+        raise DomainError(f"update_seed: expected non-negative integers, got {keys[:4]}")
+    return int(np.random.SeedSequence(keys).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
 @dataclass(frozen=True)
 class UpdateContext:
     """What a bundle's ``before_update`` hook may use: the policy (no grad), the update index, a seed.
 
-    ``seed`` is ``run seed * 1_000_003 + completed steps * 101 + update`` (fresh per step and update).
+    ``seed`` is :func:`update_seed` of the run seed, completed steps, update and rank: a stream of its
+    own, distinct from the rollout engine's sampling seeds (fresh per step, update and rank).
     """
 
     model: Any

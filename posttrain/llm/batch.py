@@ -19,14 +19,17 @@ from torch import Tensor
 from posttrain.errors import DomainError, ShapeError
 from posttrain.validate import check_finite, check_float, check_mask, check_tensor
 
-__all__ = ["LOGP_FIELDS", "RolloutBatch"]
+__all__ = ["LOGP_FIELDS", "TOPK_LOGP_FIELDS", "RolloutBatch"]
 
 LOGP_FIELDS = ("logp_old", "logp", "logp_ref", "logp_teacher")
 """Optional ``[B, T]`` log-prob fields: behaviour, current, reference model, teacher model."""
 
+TOPK_LOGP_FIELDS = ("topk_logp_old", "topk_logp_ref", "topk_logp_teacher")
+"""Optional ``[B, T, K]`` log-prob fields on the ``topk_ids`` support: behaviour, reference, teacher."""
 
-def _check_ids(name: str, x: object, shape: tuple[int, ...] | None = None) -> Tensor:
-    t = check_tensor(name, x, ndim=2)
+
+def _check_ids(name: str, x: object, shape: tuple[int, ...] | None = None, *, ndim: int = 2) -> Tensor:
+    t = check_tensor(name, x, ndim=ndim)
     if t.is_floating_point() or t.dtype == torch.bool:
         raise ShapeError(f"{name}: expected an integer dtype, got {t.dtype}")
     if shape is not None and tuple(t.shape) != shape:
@@ -50,6 +53,12 @@ class RolloutBatch:
         logp_ref: ``[B, T]`` reference-model log-probs, or None.
         logp_teacher: ``[B, T]`` teacher-model log-probs, or None.
         advantages: ``[B, T]`` per-token advantages once computed, or None.
+        topk_ids: ``[B, T, K]`` integer ids of the student's top-K support per position (the sampled id
+            among them, :func:`~posttrain.estimators.delta_distill.topk_support`), or None.
+        topk_logp_old, topk_logp_ref, topk_logp_teacher: ``[B, T, K]`` full-vocabulary log-probs of the
+            ``topk_ids`` under the behaviour policy, the reference (teacher-base) and the teacher, or None.
+        prompt_features: ``[B, H]`` float features of each row's prompt (FlowRL's log-partition input: the
+            mean of the prompt's last hidden states), or None.
 
     Raises:
         ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
@@ -75,6 +84,11 @@ class RolloutBatch:
     logp_ref: Float[Tensor, "B T"] | None = None
     logp_teacher: Float[Tensor, "B T"] | None = None
     advantages: Float[Tensor, "B T"] | None = None
+    topk_ids: Int[Tensor, "B T K"] | None = None
+    topk_logp_old: Float[Tensor, "B T K"] | None = None
+    topk_logp_ref: Float[Tensor, "B T K"] | None = None
+    topk_logp_teacher: Float[Tensor, "B T K"] | None = None
+    prompt_features: Float[Tensor, "B H"] | None = None
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -103,6 +117,36 @@ class RolloutBatch:
                     f"{name}: expected shape {list(resp.shape)} (the shape of mask), got {list(value.shape)}"
                 )
             check_finite(name, torch.where(self.mask, value.detach(), torch.zeros((), dtype=value.dtype)))
+        self._check_topk(tuple(resp.shape))
+        if self.prompt_features is not None:
+            check_float("prompt_features", self.prompt_features, ndim=2)
+            if self.prompt_features.shape[0] != b:
+                raise ShapeError(f"prompt_features: expected {b} rows, got {list(self.prompt_features.shape)}")
+            check_finite("prompt_features", self.prompt_features)
+
+    def _check_topk(self, bt: tuple[int, ...]) -> None:
+        """``topk_ids`` and the ``[B, T, K]`` log-prob fields: ranks, dtypes, one shared ``[B, T, K]``, finite on the mask."""
+        present: dict[str, Tensor] = {}
+        if self.topk_ids is not None:
+            present["topk_ids"] = _check_ids("topk_ids", self.topk_ids, ndim=3)
+        for name in TOPK_LOGP_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                present[name] = check_float(name, value, ndim=3)
+        if not present:
+            return
+        first, shape = next((n, tuple(v.shape)) for n, v in present.items())
+        if shape[:2] != bt or shape[2] < 1:
+            raise ShapeError(
+                f"{first}: expected shape [{bt[0]}, {bt[1]}, K] (the shape of mask, K >= 1), got {list(shape)}"
+            )
+        for name, value in present.items():
+            if tuple(value.shape) != shape:
+                raise ShapeError(
+                    f"{name}: expected shape {list(shape)} (the shape of {first}), got {list(value.shape)}"
+                )
+            if name != "topk_ids":
+                check_finite(name, value, self.mask.unsqueeze(-1))
 
     @property
     def batch_size(self) -> int:

@@ -6,10 +6,16 @@ scheduler, RNG states, step, data position). Everything is first written to
 ``.tmp-step_000010-<pid>/`` in the same directory and renamed with ``os.replace`` once complete,
 so a process killed mid-write leaves only a temporary directory, which :func:`latest_checkpoint`
 ignores and the next save removes.
+
+:func:`save_training_state` and :func:`load_training_state` add what a trainer needs on top: the
+optimizer (under FSDP2 the gathered full weights and full optimizer state, written by rank 0; on
+resume every rank keeps its shards) and the check that the weights match the model;
+:func:`truncate_metrics` drops the ``metrics.jsonl`` rows of steps after a resumed checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,7 +24,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["latest_checkpoint", "load_state", "save_checkpoint"]
+__all__ = [
+    "as_tuple",
+    "latest_checkpoint",
+    "load_state",
+    "load_training_state",
+    "save_checkpoint",
+    "save_training_state",
+    "truncate_metrics",
+]
 
 _NAME = re.compile(r"^step_(\d{6,})$")
 
@@ -80,3 +94,85 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 def load_state(checkpoint: str | Path) -> dict[str, Any]:
     """The ``state.pt`` mapping of a checkpoint (plain tensors and Python objects)."""
     return torch.load(Path(checkpoint) / "state.pt", map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+
+
+def save_training_state(
+    root: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    keep: int,
+    rank: int,
+    modules: tuple[torch.nn.Module, ...] = (),
+) -> Path | None:
+    """Checkpoint ``model`` (bare, DDP-wrapped or FSDP2-sharded), ``optimizer`` and ``state`` from rank 0.
+
+    ``modules``: an algorithm's own trainable modules (their state dicts go in ``state["modules"]``, their
+    parameters are in ``optimizer``). Under FSDP2 every rank first joins the gathering of the full weights
+    and optimizer state (collectives); only rank 0 writes. Returns the checkpoint's path on rank 0, else None.
+    """
+    from posttrain.llm.parallel import full_optimizer_state, full_state_dict, is_sharded
+
+    weights = None
+    if is_sharded(model):
+        weights, optim_state = full_state_dict(model), full_optimizer_state(model, optimizer, modules=modules)
+    else:
+        optim_state = optimizer.state_dict()
+    if rank != 0:
+        return None
+    policy = getattr(model, "module", model)
+    return save_checkpoint(
+        root, step, model=policy, tokenizer=tokenizer, keep=keep, weights=weights,
+        state={**state, "modules": [m.state_dict() for m in modules], "optimizer": optim_state},
+    )  # fmt: skip
+
+
+def load_training_state(
+    checkpoint: str | Path, *, model: Any, optimizer: torch.optim.Optimizer, modules: tuple[torch.nn.Module, ...] = ()
+) -> dict[str, Any]:
+    """Load a checkpoint's weights into ``model`` and ``modules`` and its optimizer state into ``optimizer``;
+    return ``state.pt``.
+
+    The modules are loaded before the optimizer (a lazy module's parameters then have their shapes).
+    Under FSDP2 every rank reads the full weights and keeps its shards. Raises ``ValueError`` when
+    the weights do not match the model (a tied ``lm_head.weight`` may be absent) or the number of
+    modules differs from the checkpoint's.
+    """
+    from safetensors.torch import load_file
+
+    from posttrain.llm.parallel import is_sharded, load_full_optimizer_state, load_full_state_dict
+
+    ckpt = Path(checkpoint)
+    weights: dict[str, Any] = {}
+    for shard in sorted((ckpt / "model").glob("*.safetensors")):
+        weights.update(load_file(str(shard)))
+    policy = getattr(model, "module", model)
+    sharded = is_sharded(model)
+    result = load_full_state_dict(model, weights) if sharded else policy.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(policy.config, "tie_word_embeddings", False) else set()
+    if result.unexpected_keys or set(result.missing_keys) - tied:
+        raise ValueError(f"checkpoint {ckpt} does not match the model: {result}")
+    state = load_state(ckpt)
+    for module, module_state in zip(modules, state.get("modules", []), strict=True):
+        module.load_state_dict(module_state)
+    if sharded:
+        load_full_optimizer_state(model, optimizer, state["optimizer"], modules=modules)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    return state
+
+
+def truncate_metrics(path: str | Path, step: int) -> None:
+    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again)."""
+    path = Path(path)
+    if path.exists():
+        kept = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= step]
+        path.write_text("".join(f"{ln}\n" for ln in kept))
+
+
+def as_tuple(x: Any) -> Any:
+    """Nested lists as nested tuples (``random.Random.setstate`` wants tuples; ``torch.load`` may return lists)."""
+    return tuple(as_tuple(v) for v in x) if isinstance(x, list | tuple) else x

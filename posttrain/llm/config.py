@@ -23,6 +23,7 @@ from posttrain.errors import DomainError
 
 __all__ = [
     "AlgorithmConfig",
+    "BranchingConfig",
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",
@@ -30,6 +31,7 @@ __all__ = [
     "LoggingConfig",
     "ModelConfig",
     "OptimConfig",
+    "ReplayConfig",
     "RolloutConfig",
     "RunConfig",
     "apply_overrides",
@@ -54,7 +56,8 @@ class ModelConfig:
     tiny: dict[str, Any] = field(default_factory=dict)
     teacher: str | None = None
     reference: str | None = None
-    """The reference model of ``logp_ref`` (KL terms, ExOPD's teacher-base); null: the initial (SFT'd) policy."""
+    """The reference model of ``logp_ref`` and ``topk_logp_ref`` (KL terms; ExOPD's and OPD²'s teacher-base); null: the
+    initial (SFT'd) policy."""
     dtype: str = "float32"
     device: str = "cpu"
     chat_template: bool = False
@@ -74,8 +77,45 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class ReplayConfig:
+    """``rollout.replay``: Headroom-Drift Replay of stored groups (spec 02; :mod:`posttrain.llm.replay_stage`).
+
+    ``rule``: a name in ``registry("replay")``; ``k_rep``: groups replayed per step (0: on-policy);
+    ``tau``: drift gate; ``capacity``: buffer size (groups); ``success_threshold``: ingress
+    indicator ``r >= threshold`` (null: ``r > 0``).
+    """
+
+    rule: str = "hdr"
+    k_rep: int = 2
+    tau: float = 1e-2
+    capacity: int = 8
+    success_threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class BranchingConfig:
+    """``rollout.branching``: RAIL branch continuations from a chosen prefix (spec 11; :mod:`posttrain.llm.rail_stage`).
+
+    ``branches``: b continuations per prompt (``1 <= b < group_size``); ``shadow_steps``: steps with
+    random states; ``kappa``: gate on the predicted gain; ``explore``: probability of a random state;
+    ``heuristic``: the static highest-entropy rule instead of the controller; ``window``, ``gamma``,
+    ``delta``, ``ridge``: the controller's trace window, recency, Huber delta and ridge.
+    """
+
+    branches: int = 4
+    shadow_steps: int = 5
+    kappa: float = 0.0
+    explore: float = 0.1
+    heuristic: bool = False
+    window: int = 2000
+    gamma: float = 0.99
+    delta: float = 0.05
+    ridge: float = 1e-4
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
-    """Sampling: engine (``hf`` or ``vllm``), K samples per prompt, length and temperature."""
+    """Sampling: engine (``hf`` or ``vllm``), K samples per prompt, length and temperature; optional stages."""
 
     engine: str = "hf"
     group_size: int = 8
@@ -84,6 +124,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     vllm_gpu_memory_utilization: float = 0.3
+    replay: ReplayConfig | None = None
+    branching: BranchingConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +143,9 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword options of a method built by a factory (e.g. ``gflowrl``: ``beta``, ``max_up``, ...)."""
+    topk: int = 1024
+    """K of the student's top-K support filled for methods that need ``[B, T, K]`` log-probs (``opd2``);
+    clamped to the vocabulary size (K = V is the exact expectation)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +196,8 @@ class EsConfig:
 
     ES starts from the SFT'd model, or after the ``optim.steps`` RL steps of the config when
     ``after_rl`` (GRPO -> ES, Ba et al. 2026). Fitness: mean reward of one greedy response on each of
-    ``prompts_per_step`` prompts (default ``data.prompts_per_step``), at most ``rollout.max_new_tokens``.
+    ``prompts_per_step`` prompts (default ``data.prompts_per_step``), at most ``rollout.max_new_tokens``,
+    ``micro_batch`` prompts per ``generate`` call (all at once if None; fewer = less activation memory).
     """
 
     population: int = 32
@@ -163,6 +209,7 @@ class EsConfig:
     lockstep: bool = True
     prompts_per_step: int | None = None
     after_rl: bool = False
+    micro_batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +233,14 @@ T = TypeVar("T")
 
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _dataclass_of(tp: Any) -> Any:
+    """The dataclass of a section annotation (``X`` or ``X | None``), else None."""
+    if _is_dataclass_type(tp):
+        return tp
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner[0] if len(inner) == 1 and _is_dataclass_type(inner[0]) else None
 
 
 def _check_scalar(where: str, value: Any, tp: Any) -> Any:
@@ -227,7 +282,8 @@ def _build(cls: type[T], raw: Mapping[str, Any], where: str) -> T:
     for name, value in raw.items():
         key = f"{where}.{name}" if where else name
         tp = hints[name]
-        kwargs[name] = _build(tp, value, key) if _is_dataclass_type(tp) else _check_scalar(key, value, tp)
+        section = _dataclass_of(tp) if value is not None else None  # a section, or an optional one that is set
+        kwargs[name] = _build(section, value, key) if section is not None else _check_scalar(key, value, tp)
     return cls(**kwargs)
 
 
@@ -282,12 +338,14 @@ def validate_names(cfg: RunConfig) -> RunConfig:
         ("optim.lr", cfg.optim.lr),
         ("rollout.temperature", cfg.rollout.temperature),
         ("data.eval_prompts", cfg.data.eval_prompts),
+        ("algorithm.topk", a.topk),
         ("es.population", cfg.es.population),
         ("es.sigma", cfg.es.sigma),
         ("es.lr", cfg.es.lr),
     ):
         _positive(where, value)
     _positive("es.prompts_per_step", cfg.es.prompts_per_step, allow_none=True)
+    _positive("es.micro_batch", cfg.es.micro_batch, allow_none=True)
     if cfg.es.antithetic and cfg.es.population % 2:
         raise DomainError(f"es.population: antithetic pairs need an even population, got {cfg.es.population}")
     for where, value in (
@@ -312,11 +370,41 @@ def validate_names(cfg: RunConfig) -> RunConfig:
             f"distributed.strategy: 'fsdp' supports rollout.engine='hf' only (weight sync from sharded "
             f"parameters is not implemented), got rollout.engine={cfg.rollout.engine!r}"
         )
+    if cfg.distributed.strategy == "fsdp" and cfg.rollout.replay is not None:
+        raise DomainError(
+            "rollout.replay: not supported with distributed.strategy='fsdp' (ranks would replay different "
+            "numbers of groups, hence run different numbers of sharded forwards); use 'ddp'"
+        )
+    _validate_stages(cfg.rollout)
     if (a.kl is None) != (a.kl_coef == 0.0):
         raise DomainError(
             f"algorithm.kl and algorithm.kl_coef: set both (a KL name and a coefficient > 0) or neither; got {a.kl!r}, {a.kl_coef!r}"
         )
     return cfg
+
+
+def _validate_stages(r: RolloutConfig) -> None:
+    """``rollout.replay`` and ``rollout.branching``: names and ranges."""
+    if r.replay is not None:
+        from posttrain.estimators.replay import REPLAY_RULES
+
+        _one_of("rollout.replay.rule", r.replay.rule, REPLAY_RULES.names())
+        _positive("rollout.replay.k_rep", r.replay.k_rep, allow_zero=True)
+        _positive("rollout.replay.tau", r.replay.tau, allow_zero=True)
+        _positive("rollout.replay.capacity", r.replay.capacity)
+    b = r.branching
+    if b is None:
+        return
+    if not 1 <= b.branches < r.group_size:
+        raise DomainError(
+            f"rollout.branching.branches: expected 1 <= b < rollout.group_size={r.group_size}, got {b.branches}"
+        )
+    for where, value in (("shadow_steps", b.shadow_steps), ("ridge", b.ridge)):
+        _positive(f"rollout.branching.{where}", value, allow_zero=True)
+    for where, value in (("window", b.window), ("gamma", b.gamma), ("delta", b.delta)):
+        _positive(f"rollout.branching.{where}", value)
+    if not 0.0 <= b.explore <= 1.0:
+        raise DomainError(f"rollout.branching.explore: expected a probability in [0, 1], got {b.explore!r}")
 
 
 def config_from_dict(raw: Mapping[str, Any] | None) -> RunConfig:

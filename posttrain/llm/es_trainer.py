@@ -9,14 +9,17 @@ Per step (Ba et al. 2026, arXiv:2608.27351, App. G.1; Qiu et al. 2025, arXiv:250
 3. update: z-score the rewards and add :math:`\\alpha\\frac1P\\sum_i z_i\\varepsilon_i` tensor by tensor
    (:func:`~posttrain.estimators.es.apply_es_step_`, one float32 accumulator at a time).
 
-Memory stays near one copy of the weights: no gradients, no optimiser state, one transient noise
-tensor and one accumulator the size of the largest parameter tensor.
+Memory stays near one copy of the weights: no gradients, no optimiser state; the noise is drawn
+and the update accumulated in fixed-size chunks (:data:`~posttrain.estimators.es.NOISE_CHUNK`
+elements), so ES's own temporaries do not grow with the largest parameter tensor. The rest of a
+step's peak is the fitness evaluation's activations (``micro_batch`` in :func:`generation_fitness`).
 
 Distributed: members are dealt round-robin over the processes of a ``torch.distributed`` group;
 only seeds (derived identically on every rank from the shared key) and the ``P`` scalar rewards
 (one ``all_reduce`` of a zero-initialised vector) cross processes. Restoring by subtraction is not
-exact in floating point, so with ``lockstep=True`` (default) every rank also perturbs and restores
-the members it does not evaluate: all ranks then perform the same float operations as a single
+exact in floating point, so with ``lockstep=True`` (default) every rank also replays the
+perturb-restore round trip of the members it does not evaluate (:func:`~posttrain.estimators.es.roundtrip_`,
+one noise draw instead of two): all ranks then perform the same float operations as a single
 process and stay bit-identical to it without ever sending weights. ``lockstep=False`` skips that
 work (faster) and lets the replicas drift by rounding; the paper re-broadcasts weights instead.
 
@@ -40,7 +43,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators.es import RewardShaping, apply_es_step_, evolution_strategy, perturb_, restore_
+from posttrain.estimators.es import (
+    RewardShaping,
+    apply_es_step_,
+    evolution_strategy,
+    perturb_,
+    restore_,
+    roundtrip_,
+)
 from posttrain.llm.generate import HFEngine, SamplingConfig
 from posttrain.llm.tasks import Problem, Task
 from posttrain.llm.text import decode_responses, encode_prompts
@@ -117,13 +127,12 @@ def es_train(
         pop = es.ask(state)
         rewards = torch.zeros(config.population, dtype=torch.float64)
         for i, (seed, sign) in enumerate(zip(pop.seeds.tolist(), pop.signs.tolist(), strict=True)):
-            mine = i % world == rank
-            if not (mine or config.lockstep):
-                continue
-            perturb_(params, seed, sigma=config.sigma, sign=sign)
-            if mine:
+            if i % world == rank:
+                perturb_(params, seed, sigma=config.sigma, sign=sign)
                 rewards[i] = float(fitness(step))
-            restore_(params, seed, sigma=config.sigma, sign=sign)
+                restore_(params, seed, sigma=config.sigma, sign=sign)
+            elif config.lockstep:  # replay another rank's member: the same rounding, one noise draw
+                roundtrip_(params, seed, sigma=config.sigma, sign=sign)
         if world > 1:
             dist.all_reduce(rewards, op=dist.ReduceOp.SUM, group=group)
         apply_es_step_(params, pop, rewards, lr=config.lr, shaping=config.shaping)
@@ -147,12 +156,17 @@ def generation_fitness(
     max_new_tokens: int = 16,
     chat_template: bool = False,
     problems: Sequence[Problem] | None = None,
+    micro_batch: int | None = None,
 ) -> Callable[[int], float]:
     """Mean task reward of one greedy response per prompt (the ES-at-Scale member fitness).
 
     Step ``t`` uses ``task.sample(random.Random(seed * 1_000_003 + t), prompts_per_step)`` (or the
     fixed ``problems``), so every member of a step, on every rank, sees the same prompts.
+    ``micro_batch`` prompts go to each ``generate`` call (all at once if None): the activations'
+    and KV cache's memory scale with it, the responses only through padding (greedy decoding).
     """
+    if micro_batch is not None and micro_batch < 1:
+        raise DomainError(f"micro_batch: expected a positive integer or None, got {micro_batch}")
     engine = HFEngine(
         model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
         sampling=SamplingConfig(max_new_tokens=max_new_tokens),
@@ -165,9 +179,12 @@ def generation_fitness(
             else task.sample(random.Random(seed * 1_000_003 + step), prompts_per_step)
         )
         prompts = encode_prompts(tokenizer, [p.prompt for p in batch], chat_template=chat_template)
+        size = micro_batch or len(prompts)
+        texts = []
         with torch.no_grad():
-            out = engine.generate(prompts, n=1, seed=step, greedy=True)
-        texts = decode_responses(tokenizer, out.response_ids, out.mask)
+            for start in range(0, len(prompts), size):
+                out = engine.generate(prompts[start : start + size], n=1, seed=step, greedy=True)
+                texts += decode_responses(tokenizer, out.response_ids, out.mask)
         return sum(task.reward(p, t) for p, t in zip(batch, texts, strict=True)) / len(batch)
 
     return fitness
@@ -181,13 +198,15 @@ def grpo_then_es(
     prompts_per_step: int,
     max_new_tokens: int | None = None,
     rl_first: bool = True,
+    micro_batch: int | None = None,
     on_step: Callable[[EsStepLog], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
 
     ``run_config`` is a :class:`~posttrain.llm.config.RunConfig` (its ``optim.steps`` are the GRPO
     half; ``rl_first=False`` skips it: ES from the SFT'd model); ES then runs ``es_config.steps`` on the
-    same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step.
+    same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step
+    (``micro_batch`` of them per ``generate`` call).
     The ES endpoint is saved as ``out_dir/es``.
     """
     from posttrain.llm.run import build_trainer
@@ -198,7 +217,7 @@ def grpo_then_es(
     fitness = generation_fitness(
         model, trainer.tokenizer, trainer.task, prompts_per_step=prompts_per_step, seed=es_config.seed,
         max_new_tokens=max_new_tokens or run_config.rollout.max_new_tokens,
-        chat_template=run_config.model.chat_template,
+        chat_template=run_config.model.chat_template, micro_batch=micro_batch,
     )  # fmt: skip
     es_logs = es_train(trainable_params(model), fitness, es_config, on_step=on_step)
     model.save_pretrained(Path(out_dir) / "es")
@@ -232,5 +251,5 @@ def es_from_config(
 
     return grpo_then_es(
         cfg, out_dir, es_config, prompts_per_step=e.prompts_per_step or cfg.data.prompts_per_step,
-        rl_first=e.after_rl, on_step=log,
+        rl_first=e.after_rl, micro_batch=e.micro_batch, on_step=log,
     )  # fmt: skip

@@ -1,8 +1,9 @@
 """Rollout engines behind one Protocol, and the trainer's log-prob recomputation.
 
 An engine turns G prompts (token id lists) into B = G*K sampled responses with the behaviour
-log-prob of every sampled token. Two implementations: :class:`HFEngine` (``model.generate``,
-batched, KV cache) here and ``VLLMEngine`` in :mod:`posttrain.llm.generate_vllm`.
+log-prob of every sampled token. Two implementations: :class:`HFEngine` (the transformers model's
+forward with its KV cache in a batched sampling loop that draws what ``model.generate`` draws) here
+and ``VLLMEngine`` in :mod:`posttrain.llm.generate_vllm`.
 
 Log-prob convention (both engines and :func:`token_logprobs`): the log-softmax of the
 temperature-scaled logits over the full vocabulary, :math:`\\log\\mathrm{softmax}(z/\\tau)_{y_t}`.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -25,7 +27,16 @@ from posttrain.errors import DomainError
 from posttrain.estimators import token_entropy
 from posttrain.validate import check_positive
 
-__all__ = ["HFEngine", "RolloutEngine", "Rollouts", "SamplingConfig", "left_pad", "response_mask", "token_logprobs"]
+__all__ = [
+    "HFEngine",
+    "RolloutEngine",
+    "Rollouts",
+    "SamplingConfig",
+    "left_pad",
+    "response_logits",
+    "response_mask",
+    "token_logprobs",
+]
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,35 @@ def _positions(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
+def _widened(logits: Tensor) -> Tensor:
+    """Half-precision logits as float32; float32 and float64 ones unchanged (no copy)."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def response_logits(
+    model: Any,
+    prompt_ids: Int[Tensor, "B P"],
+    prompt_mask: Bool[Tensor, "B P"],
+    response_ids: Int[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    *,
+    temperature: float = 1.0,
+) -> Float[Tensor, "B T V"]:
+    r"""Temperature-scaled logits :math:`z_t/\tau` predicting each response token (float32 or wider), one forward.
+
+    Only the ``T + 1`` last positions get logits (``logits_to_keep``), so the prompt costs no
+    ``V``-sized memory; gradient flows when called outside ``torch.no_grad``.
+    """
+    t = response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attn = torch.cat([prompt_mask, mask], dim=1).long()
+    out = model(
+        input_ids=input_ids, attention_mask=attn, position_ids=_positions(attn), use_cache=False, logits_to_keep=t + 1
+    )
+    logits = out.logits[:, :-1]  # [B, T, V]: position P-1+t predicts response token t
+    return _widened(logits) / temperature
+
+
 def token_logprobs(
     model: Any,
     prompt_ids: Int[Tensor, "B P"],
@@ -129,14 +169,7 @@ def token_logprobs(
     Returns:
         ``(logp [B, T], entropy [B, T] or None)``; both are 0 off the mask.
     """
-    t = response_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attn = torch.cat([prompt_mask, mask], dim=1).long()
-    out = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=_positions(attn), use_cache=False, logits_to_keep=t + 1
-    )
-    logits = out.logits[:, :-1]  # [B, T, V]: position P-1+t predicts response token t
-    logits = (logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits) / temperature
+    logits = response_logits(model, prompt_ids, prompt_mask, response_ids, mask, temperature=temperature)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     logp = torch.where(mask, logp, zero)
@@ -144,14 +177,50 @@ def token_logprobs(
     return logp, entropy
 
 
-class HFEngine:
-    """Rollouts with transformers' ``model.generate`` (batched, KV cache) on the training model itself.
+def _truncated(z: Float[Tensor, "B V"], *, top_k: int, top_p: float) -> Float[Tensor, "B V"]:
+    """``z`` with the logits outside the ``top_k`` largest, then outside the ``top_p`` nucleus, set to ``-inf``.
 
-    Sampling noise comes from the global torch RNG inside a ``fork_rng`` seeded with ``seed``, so a
-    call is reproducible and leaves the caller's RNG untouched. ``synced_gpus=True`` (an FSDP2-sharded
-    model, whose every forward is a collective) keeps each rank stepping until all ranks are done, so
-    ranks whose responses end at different lengths do not deadlock (transformers >= 5 also turns it on by
-    itself for modules ``fully_shard`` marks; the flag makes it explicit).
+    The rules of transformers' ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (ties at the k-th
+    logit are kept; the nucleus is the smallest set of largest probabilities whose mass exceeds
+    ``1 - top_p``, never empty), so sampling equals ``model.generate``'s for the same seed.
+    ``top_k = 0`` and ``top_p = 1`` cut nothing.
+
+    Example:
+        >>> _truncated(torch.tensor([[0.0, 1.0, 2.0]]), top_k=2, top_p=1.0).tolist()
+        [[-inf, 1.0, 2.0]]
+    """
+    if top_k:
+        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, -torch.inf)
+    if top_p < 1.0:
+        ascending, order = torch.sort(z, dim=-1)
+        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
+        drop[..., -1] = False
+        z = z.masked_fill(drop.scatter(-1, order, drop), -torch.inf)
+    return z
+
+
+class HFEngine:
+    """Rollouts from the training model itself: its forward with a KV cache (``DynamicCache``) in a batched sampling loop.
+
+    The loop samples exactly what transformers' ``model.generate(do_sample=True, temperature, top_k,
+    top_p)`` samples for the same seed on CPU (same warpers, same ``multinomial`` draws, rows that hit
+    ``<eos>`` continue with ``<pad>``, stop when every row is done or at ``max_new_tokens``), but
+    keeps only the ``[B]`` log-probs of each step's sampled tokens instead of ``[B, V]`` logits
+    per step (``generate``'s ``output_logits``: ``B x T x V`` floats at the end), skips
+    ``generate``'s per-call configuration and per-step processor machinery, and ignores the
+    model's ``generation_config`` (a checkpoint's default repetition penalty or top-p would change
+    the sampling distribution behind the trainer's back). ``greedy`` takes the argmax. Log-probs and
+    sampling use the model's precision, at least float32 (``generate`` rounds float64 logits to
+    float32), so a float64 model's behaviour log-probs match :func:`token_logprobs` to float64 precision.
+
+    Sampling noise comes from a ``torch.Generator`` seeded with ``seed`` (a call is reproducible and
+    leaves the global RNG untouched). It runs under ``torch.inference_mode`` (no autograd bookkeeping
+    on the many small decode ops), except with ``synced_gpus``: an FSDP2-sharded model, whose every
+    forward is a collective and whose gathered parameters are later trained (``no_grad`` there);
+    each rank then keeps stepping until all ranks are done (one all-reduce per token), so ranks whose
+    responses end at different lengths do not deadlock. The returned tensors are ordinary ones,
+    usable in a training forward.
     """
 
     def __init__(
@@ -174,37 +243,71 @@ class HFEngine:
         self.model = model
 
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, seed: int, greedy: bool = False) -> Rollouts:
-        s = self.sampling
         ids, pmask = left_pad(prompts, self.pad_id)
-        ids, pmask = ids.repeat_interleave(n, dim=0), pmask.repeat_interleave(n, dim=0)
         device = next(self.model.parameters()).device
+        ids, pmask = ids.repeat_interleave(n, dim=0).to(device), pmask.repeat_interleave(n, dim=0).to(device)
+        generator = torch.Generator(device=device).manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
-        options: dict[str, Any] = (
-            {"do_sample": False}
-            if greedy
-            else {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or None}
-        )
-        if self.synced_gpus:
-            options["synced_gpus"] = True
         try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(seed)
-                out = self.model.generate(
-                    input_ids=ids.to(device),
-                    attention_mask=pmask.long().to(device),
-                    max_new_tokens=s.max_new_tokens,
-                    pad_token_id=self.pad_id,
-                    eos_token_id=self.eos_id,
-                    return_dict_in_generate=True,
-                    output_logits=True,
-                    **options,
-                )
+            with torch.no_grad() if self.synced_gpus else torch.inference_mode():
+                response, logp = self._sample(ids, pmask, generator, greedy=greedy)
         finally:
             self.model.train(was_training)
-        response = out.sequences[:, ids.shape[1] :]
-        logits = torch.stack(out.logits, dim=1).float() / (1.0 if greedy else s.temperature)  # [B, T, V]
+        response, logp = response.clone(), logp.clone()  # ordinary tensors (autograd may save them)
         mask = response_mask(response, self.eos_id)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, response.unsqueeze(-1)).squeeze(-1)
         logp = torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
-        return Rollouts(ids.to(device), pmask.to(device), response, mask, logp, group_size=n)
+        return Rollouts(ids, pmask, response, mask, logp, group_size=n)
+
+    def _sample(
+        self, ids: Int[Tensor, "B P"], pmask: Bool[Tensor, "B P"], generator: torch.Generator, *, greedy: bool
+    ) -> tuple[Int[Tensor, "B T"], Float[Tensor, "B T"]]:
+        """Token ids and log-probs :math:`\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}` of up to ``max_new_tokens`` steps."""
+        from transformers import DynamicCache
+
+        s, rows = self.sampling, ids.shape[0]
+        tau = 1.0 if greedy else s.temperature
+        attn = pmask.long()
+        positions = _positions(attn)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        position = positions[:, -1:]
+        running = torch.ones(rows, dtype=torch.bool, device=ids.device)
+        tokens, logps = [], []
+        for step in range(s.max_new_tokens):
+            z = _widened(out.logits[:, -1]) / tau  # [B, V]
+            if greedy:
+                y = z.argmax(dim=-1)
+            else:
+                probs = _truncated(z, top_k=s.top_k, top_p=s.top_p).softmax(dim=-1)
+                y = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            y = torch.where(running, y, self.pad_id)
+            tokens.append(y)
+            logps.append(torch.log_softmax(z, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1))
+            running = running & (y != self.eos_id)
+            if step + 1 == s.max_new_tokens or not self._any_running(running):
+                break
+            attn = torch.cat([attn, attn.new_ones(rows, 1)], dim=1)
+            position = position + 1
+            out = self.model(
+                input_ids=y.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+    def _any_running(self, running: Bool[Tensor, " B"]) -> bool:
+        """Whether a row still samples, on any rank with ``synced_gpus`` (one host sync per token)."""
+        flag = running.any().to(torch.int32)
+        if self.synced_gpus:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag)

@@ -23,8 +23,12 @@ import yaml
 from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import RunConfig, config_to_dict
 from posttrain.llm.generate import HFEngine, RolloutEngine, SamplingConfig, token_logprobs
-from posttrain.llm.parallel import wrap_model
+from posttrain.llm.gflowrl_algorithm import prompt_feature_filler
+from posttrain.llm.parallel import wrap_frozen, wrap_model
+from posttrain.llm.sinks import metric_sinks
+from posttrain.llm.stages import build_stages
 from posttrain.llm.tasks import make_task
+from posttrain.llm.topk_fill import StudentTopK, topk_logp_filler
 from posttrain.llm.trainer import Filler, Trainer
 
 __all__ = ["ENGINE_FACTORIES", "build_trainer", "load_model", "train"]
@@ -141,12 +145,23 @@ def build_trainer(
         entropy_coef=cfg.algorithm.entropy_coef,
         options=cfg.algorithm.options,
     )
+    device = next(model.parameters()).device
+    for module in algorithm.modules:  # on the policy's device: NCCL all-reduces their gradients there
+        module.to(device)
     fillers: dict[str, Filler] = {}
-    if "logp_ref" in algorithm.needs:
-        reference = cfg.model.reference or initial
-        fillers["logp_ref"] = _logp_filler(load_model(reference, cfg)[0], cfg.rollout.temperature)
+    temperature = cfg.rollout.temperature
+    if algorithm.needs & {"logp_ref", "topk_logp_ref"}:
+        reference = wrap_frozen(load_model(cfg.model.reference or initial, cfg)[0], cfg.distributed.strategy)
+        fillers["logp_ref"] = _logp_filler(reference, temperature)
+        fillers["topk_logp_ref"] = topk_logp_filler(reference, temperature=temperature, field="topk_logp_ref")
     if cfg.model.teacher is not None:
-        fillers["logp_teacher"] = _logp_filler(load_model(cfg.model.teacher, cfg)[0], cfg.rollout.temperature)
+        teacher = wrap_frozen(load_model(cfg.model.teacher, cfg)[0], cfg.distributed.strategy)
+        fillers["logp_teacher"] = _logp_filler(teacher, temperature)
+        fillers["topk_logp_teacher"] = topk_logp_filler(teacher, temperature=temperature, field="topk_logp_teacher")
+    student = StudentTopK(model, k=cfg.algorithm.topk, temperature=temperature)  # one forward for both fields
+    fillers["topk_ids"], fillers["topk_logp_old"] = student.ids, student.logp
+    if "prompt_features" in algorithm.needs:  # e.g. FlowRL's log-partition input, from the policy itself
+        fillers["prompt_features"] = prompt_feature_filler(model)
     wrapped = wrap_model(model, cfg.distributed.strategy)  # FSDP2 shards in place, before the engine sees it
     engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, initial)
     trainer = Trainer(
@@ -158,6 +173,11 @@ def build_trainer(
         algorithm=algorithm,
         out_dir=out,
         fillers=fillers,
+        stages=build_stages(
+            cfg,
+            vocab_size=len(tokenizer),
+            world=dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        ),
     )
     if resume:
         trainer.resume()
@@ -167,61 +187,28 @@ def build_trainer(
 def train(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | None = None
 ) -> list[dict[str, Any]]:
-    """Build the trainer and run it, with a rich progress bar showing reward, KL and entropy."""
+    """Build the trainer and run it, with a rich progress bar showing reward, KL and entropy; every step's
+    metrics also go to the TensorBoard / W&B sinks the config asks for (:mod:`posttrain.llm.sinks`)."""
     trainer = build_trainer(cfg, out_dir, resume=resume)
     show = cfg.logging.progress if progress is None else progress
-    sinks = _sinks(cfg, Path(out_dir))
+    with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
+        if not show:
+            return trainer.fit(on_step=to_sinks)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def to_sinks(m: dict[str, Any]) -> None:
-        for sink in sinks:
-            sink(m)
+        with Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+        ) as bar:
+            job = bar.add_task("train", total=cfg.optim.steps, completed=trainer.step, info="")
 
-    if not show:
-        return trainer.fit(on_step=to_sinks)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            def on_step(m: dict[str, Any]) -> None:
+                kl = "-" if m["kl"] is None else f"{m['kl']:.4f}"
+                info = f"reward {m['reward_mean']:.3f}  kl {kl}  entropy {m['entropy']:.3f}"
+                bar.update(job, completed=m["step"], info=info)
+                to_sinks(m)
 
-    with Progress(
-        TextColumn("[bold]train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    ) as bar:
-        job = bar.add_task("train", total=cfg.optim.steps, completed=trainer.step, info="")
-
-        def on_step(m: dict[str, Any]) -> None:
-            kl = "-" if m["kl"] is None else f"{m['kl']:.4f}"
-            bar.update(
-                job, completed=m["step"], info=f"reward {m['reward_mean']:.3f}  kl {kl}  entropy {m['entropy']:.3f}"
-            )
-            to_sinks(m)
-
-        return trainer.fit(on_step=on_step)
-
-
-def _sinks(cfg: RunConfig, out: Path) -> list[Callable[[dict[str, Any]], None]]:
-    """TensorBoard / W&B writers when asked for and installed (metrics.jsonl is always written)."""
-    sinks: list[Callable[[dict[str, Any]], None]] = []
-    if cfg.logging.tensorboard:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            print("logging.tensorboard: tensorboard is not installed; writing metrics.jsonl only")
-        else:
-            writer = SummaryWriter(str(out / "tensorboard"))
-
-            def to_tensorboard(m: dict[str, Any]) -> None:
-                for k, v in m.items():
-                    if isinstance(v, float):
-                        writer.add_scalar(k, v, m["step"])
-
-            sinks.append(to_tensorboard)
-    if cfg.logging.wandb_project:
-        try:
-            import wandb
-        except ImportError:
-            print("logging.wandb_project: wandb is not installed; writing metrics.jsonl only")
-        else:
-            wandb.init(project=cfg.logging.wandb_project, config=config_to_dict(cfg), dir=str(out))
-            sinks.append(lambda m: wandb.log(m, step=m["step"]))
-    return sinks
+            return trainer.fit(on_step=on_step)

@@ -9,9 +9,8 @@ SIS is a bundle hook, not a trainer: :func:`sis_algorithm` (``algorithm.method: 
   hook's explicit state;
 - at every update, one no-grad forward of the current policy gives its log-probs of the sampled
   tokens and at the behaviour top-K ids; the rejection test
-  (:func:`~posttrain.estimators.sis.sis_acceptance_prob`, :func:`~posttrain.estimators.sis.sis_accept`,
-  fresh uniforms from the update's seed) decides which tokens are accepted, and the update's
-  ``logp_old`` is :func:`~posttrain.estimators.sis.sis_logp_old` (the current log-prob on accepted
+  (:func:`~posttrain.estimators.sis.sis_rejection_test`, fresh uniforms in the log-probs' dtype, float32
+  or wider, from the update's seed) decides which tokens are accepted, and the update's ``logp_old`` is :func:`~posttrain.estimators.sis.sis_logp_old` (the current log-prob on accepted
   tokens). The bundle's own loss (PPO-clip, GSPO, ...) then sees a ratio of 1 with gradient
   :math:`\\nabla\\log\\pi_\\theta` on accepted tokens and the ordinary ratio on rejected ones.
 
@@ -33,7 +32,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError
 from posttrain.estimators import masked_mean
-from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, sis_divergence, sis_logp_old, token_in_topk
+from posttrain.estimators.sis import sis_divergence, sis_logp_old, sis_rejection_test, token_in_topk
 from posttrain.llm.algorithm import Algorithm, UpdateContext, build_algorithm
 from posttrain.llm.batch import RolloutBatch
 
@@ -80,9 +79,10 @@ def sis_before_update(
         logp = cur.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
         logp = torch.where(batch.mask, logp, torch.zeros((), dtype=logp.dtype))
         logp_old = batch.logp_old.to(logp.dtype)
-        a = sis_acceptance_prob(logp, logp_old, cur.gather(-1, idx), old_topk, token_in_topk(batch.response_ids, idx))
         gen = torch.Generator().manual_seed(ctx.seed)
-        accepted = sis_accept(a, torch.rand(a.shape, generator=gen, dtype=a.dtype)) & batch.mask
+        u = torch.rand(logp.shape, generator=gen, dtype=logp.dtype)  # float32 or wider (logp is)
+        in_topk = token_in_topk(batch.response_ids, idx)
+        accepted = sis_rejection_test(logp, logp_old, cur.gather(-1, idx), old_topk, in_topk, u) & batch.mask
         d_orig, d_sis = sis_divergence(logp, logp_old, accepted, batch.mask)
         metrics = {
             "sis/accept_rate": masked_mean(accepted.to(logp.dtype), batch.mask),

@@ -22,25 +22,27 @@ Simplifications: the verifier setting (V) only (binary reward, no pathwise answe
 single prompt; the GARL/PAFT formulas and the flow model are *reconstructed* from the abstracts
 (spec §1); on-policy single updates through the PPO-clip surrogate at ratio 1 (= REINFORCE);
 censored runs count as 4000 steps. Step counts are deterministic per seed; the seeds are paired
-(the same sampling stream for every method).
+(the same sampling stream for every method). The computations (formula errors, the bandit
+experiment) are in :mod:`posttrain.paper_checks._p20_experiments`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from posttrain.estimators.tsallis import garl_advantages, paft_advantages
 from posttrain.paper_checks import register_check
+from posttrain.paper_checks._p20_experiments import (
+    closed_form_error,
+    cold_start_methods,
+    discrete_error,
+    escape_steps,
+    m2_error,
+)
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
-from posttrain.simulators.bandits import SoftmaxBandit
-from posttrain.simulators.loop import EstimatorBundle, bundle, train
 from posttrain.theory import tsallis as th
 
 __all__ = ["EscapeConfig", "MemorisationConfig", "StochasticConfig", "run_escape", "run_memorisation", "run_stochastic"]
@@ -143,11 +145,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
             margin_reason="spec 7a: ordering at every grid point",
         )
     )
-    cf_err = max(
-        abs(th.escape_time_closed_form(p, q, p_esc=cfg.p_esc) / th._m1_quadrature(p, q, cfg.p_esc) - 1.0)
-        for p in p0s
-        for q in (0.0, 1.0)
-    )
+    cf_err = closed_form_error(p0s, p_esc=cfg.p_esc)
     comps.append(
         _single(
             "closed forms vs quadrature (1e-8 - max rel err)",
@@ -156,29 +154,11 @@ def run_escape(cfg: EscapeConfig) -> Result:
             reason="spec 7a: rel. 1e-8",
         )
     )
-    ks = sorted({round(1.0 / p) for p in p0s})
-    m2_err = max(
-        abs(
-            th.escape_time(1.0 / k, q, model="softmax", K=k, p_esc=cfg.p_esc)
-            / ((k - 1) / k * th.escape_time(1.0 / k, q, p_esc=cfg.p_esc))
-            - 1.0
-        )
-        for k in ks
-        for q in cfg.qs
-    )
+    m2_err = m2_error(sorted({round(1.0 / p) for p in p0s}), cfg.qs, p_esc=cfg.p_esc)
     comps.append(
         _single("M2 = (K-1)/K M1 (1e-4 - max rel err)", cfg.m2_rtol - m2_err, at_least=0.0, reason="spec 7a: rel. 1e-4")
     )
-    d_err = max(
-        abs(
-            th.discrete_escape_steps(p, q, eta=cfg.eta, p_esc=cfg.p_esc)
-            * cfg.eta
-            / th.escape_time(p, q, p_esc=cfg.p_esc)
-            - 1.0
-        )
-        for p in cfg.discrete_p0s
-        for q in cfg.discrete_qs
-    )
+    d_err = discrete_error(cfg.discrete_p0s, cfg.discrete_qs, eta=cfg.eta, p_esc=cfg.p_esc)
     comps.append(
         _single(
             "discrete steps * eta vs T (0.05 - max rel err)",
@@ -238,57 +218,20 @@ _PILOT = {
 }
 
 
-def _garl(q: float) -> Callable[[Tensor, Tensor], Tensor]:
-    def advantage(rewards: Tensor, uniforms: Tensor) -> Tensor:
-        return garl_advantages(rewards, q=q)
-
-    return advantage
-
-
-def _paft(q: float) -> Callable[[Tensor, Tensor], Tensor]:
-    def advantage(rewards: Tensor, uniforms: Tensor) -> Tensor:
-        return paft_advantages(rewards, uniforms, q=q)
-
-    return advantage
-
-
-def _methods(cfg: StochasticConfig) -> dict[str, EstimatorBundle]:
-    agg = "seq-mean-token-sum"  # (1/(G M)) sum over samples of the sequence's summed log-prob
-    out = {"RLOO": bundle("rloo", "ppo_clip", agg), "GRPO": bundle("grpo", "ppo_clip", agg)}
-    for q in cfg.garl_qs:
-        out[f"GARL q={q:g}"] = bundle(_garl(q), "ppo_clip", agg)
-    out[f"PAFT q={cfg.paft_q:g}"] = bundle(_paft(cfg.paft_q), "ppo_clip", agg)
-    return out
-
-
-def escape_steps(k_arms: int, method: EstimatorBundle, cfg: StochasticConfig) -> np.ndarray:
-    """Per-seed step at which the exact success probability first reaches ``p_esc`` (censored at ``max_steps``)."""
-    rewards = torch.zeros(1, k_arms, dtype=torch.float64)
-    rewards[0, 0] = 1.0
-    env = SoftmaxBandit(rewards, pass_ks=())
-    log = train(
-        env,
-        torch.zeros(cfg.seeds, 1, k_arms, dtype=torch.float64),
-        method,
-        lambda ps: torch.optim.SGD(ps, lr=cfg.lr),
-        steps=cfg.max_steps,
-        k=cfg.samples,
-        seeds=cfg.seeds,
-        stop_when=lambda m: m["success"] >= cfg.p_esc,
-    )
-    hit = log.first_hit.numpy().astype(np.float64)
-    return np.where(hit < 0, float(cfg.max_steps), hit)
-
-
 def run_stochastic(cfg: StochasticConfig) -> Result:
-    methods = _methods(cfg)
+    methods = cold_start_methods(cfg.garl_qs, cfg.paft_q)
     key, base, paft = f"GARL q={cfg.key_q:g}", "RLOO", f"PAFT q={cfg.paft_q:g}"
     garl_names = [f"GARL q={q:g}" for q in sorted(cfg.garl_qs)]
     metrics, comps = [], []
     lines: dict[str, list[float]] = {}
     need = math.ceil(cfg.min_ratio_fraction * cfg.seeds - 1e-9)
     for k_arms in cfg.arms:
-        steps = {name: escape_steps(k_arms, m, cfg) for name, m in methods.items()}
+        steps = {
+            name: escape_steps(
+                k_arms, m, seeds=cfg.seeds, samples=cfg.samples, lr=cfg.lr, max_steps=cfg.max_steps, p_esc=cfg.p_esc
+            )
+            for name, m in methods.items()
+        }
         med = {name: float(np.median(v)) for name, v in steps.items()}
         for name, v in steps.items():
             censored = int((v >= cfg.max_steps).sum())

@@ -20,6 +20,7 @@ from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators import (
     aggregate,
     broadcast_sequence_advantages,
+    cispo_loss,
     clipped_ratio_loss,
     drgrpo_advantages,
     group_normalized_advantages,
@@ -163,6 +164,29 @@ def test_clipped_ratio_loss_contract(offset: float, token_adv: bool, dual_clip: 
 @pytest.mark.parametrize("token_adv", [False, True], ids=["adv[B]", "adv[B,T]"])
 def test_gspo_loss_contract(offset: float, token_adv: bool) -> None:
     check_estimator(gspo_loss, _policy(offset, token_adv), output_shape=(B, T), bad_values=CLIP_BAD, grad_args=["logp"])
+
+
+CISPO_BAD = {
+    "verl": {"clip_mode": ["pytorch", ""], "clip_low": [0.0, -0.1], "clip_high": [0.0, -0.2, float("nan")]},
+    "minimax": {"clip_low": [0.2], "clip_high": [0.28, 0.0, float("nan")]},  # an absolute cap below 1 is an error
+}
+
+
+@pytest.mark.parametrize("offset", [0.0, -1e4], ids=["logp~0", "logp~-1e4"])
+@pytest.mark.parametrize("token_adv", [False, True], ids=["adv[B]", "adv[B,T]"])
+@pytest.mark.parametrize("clip_mode", ["verl", "minimax"])
+@pytest.mark.parametrize("on_policy", [False, True], ids=["", "on_policy"])
+def test_cispo_loss_contract(offset: float, token_adv: bool, clip_mode: str, on_policy: bool) -> None:
+    base = _policy(offset, token_adv)
+
+    def make(dtype: torch.dtype) -> dict[str, Any]:
+        kw = {**base(dtype), "clip_mode": clip_mode}
+        if on_policy:
+            kw["on_policy"] = torch.rand(B, T, generator=_gen()) < 0.5
+        return kw
+
+    bad = CISPO_BAD[clip_mode]
+    check_estimator(cispo_loss, make, output_shape=(B, T), bad_values=bad, grad_args=["logp"])
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum"])

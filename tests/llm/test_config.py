@@ -24,7 +24,7 @@ def test_examples_load(name: str) -> None:
         ({"optim": {"lrr": 1.0}}, r"optim: unknown key\(s\) lrr; valid: steps, name, lr"),
         (
             {"algorithm": {"method": "grpoo"}},
-            r"algorithm.method: unknown name 'grpoo'; valid: drgrpo, exopd, gflowrl, grpo, gspo, opd_then_rl, ppo_clip, rloo, sis",
+            r"algorithm.method: unknown name 'grpoo'; valid: cispo, drgrpo, exopd, flowrl, gflowrl, grpo, gspo, opd2, opd_then_rl, ppo_clip, rloo, sis",
         ),
         ({"algorithm": {"kl": "k4", "kl_coef": 0.1}}, r"algorithm.kl: unknown name 'k4'; valid: k1, k2, k3"),
         ({"algorithm": {"aggregation": "mean"}}, r"algorithm.aggregation: .*valid: .*token-mean"),

@@ -16,7 +16,7 @@ from posttrain.estimators.distill_rules import opd_then_rl_advantages
 from posttrain.llm.config import load_config
 from posttrain.llm.generate import token_logprobs
 from posttrain.llm.run import build_trainer
-from tests.llm._lift import small_config
+from tests.llm._lift import count_fills, small_config
 from tests.llm.test_algorithm import G, K, _grads, _trainer
 
 SWITCH = 2
@@ -77,14 +77,7 @@ def test_config_run_calls_the_teacher_only_before_the_switch(tmp_path: Path, tin
     cfg = small_config(algorithm=algorithm, steps=3)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, teacher=str(tiny_dir)))
     trainer = build_trainer(cfg, tmp_path / "run")
-    steps: list[int] = []
-    teacher = trainer.fillers["logp_teacher"]
-
-    def counting(batch: Any) -> torch.Tensor:
-        steps.append(trainer.step + 1)
-        return teacher(batch)
-
-    trainer.fillers["logp_teacher"] = counting
+    steps = count_fills(trainer, "logp_teacher")
     history = trainer.fit()
     assert steps == [1, 2] and [h["step"] for h in history] == [1, 2, 3]
 
@@ -136,14 +129,7 @@ def test_opd_then_rl_distils_then_keeps_training(tmp_path: Path) -> None:
     overrides = [*base, "data.sft_steps=5", "optim.steps=20", f"model.teacher={tmp_path / 'teacher' / 'initial'}",
                  "algorithm.method=opd_then_rl", "algorithm.options={switch_step: 10}"]  # fmt: skip
     student = build_trainer(load_config(example, overrides), tmp_path / "student")
-    calls: list[int] = []
-    fill = student.fillers["logp_teacher"]
-
-    def counting(batch: Any) -> torch.Tensor:
-        calls.append(student.step + 1)
-        return fill(batch)
-
-    student.fillers["logp_teacher"] = counting
+    calls = count_fills(student, "logp_teacher")
     before = student.evaluate()["reward_mean"]
     student.fit()
     after = student.evaluate()["reward_mean"]

@@ -21,30 +21,53 @@ RESPONSES = [[5 + (i % 7)] * (1 + i % 4) + [3] for i in range(G * K)]
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def _reference(tiny_dir: Path, strategy: str) -> Any:
+    """A reference model off the policy (weights + seeded noise), placed for ``strategy`` by ``wrap_frozen``."""
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.llm.parallel import wrap_frozen
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_dir).double()
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return wrap_frozen(ref, strategy)
+
+
 def _global_batch_and_grads(
-    tiny_dir: Path, mode: str, world: int, rank: int, strategy: str = "ddp"
+    tiny_dir: Path, mode: str, world: int, rank: int, strategy: str = "ddp", kl: bool = False
 ) -> tuple[float, list[torch.Tensor]]:
-    """Loss and full gradients on this rank's share of the fixed global batch (the whole batch when world=1)."""
+    """Loss and full gradients on this rank's share of the fixed global batch (the whole batch when world=1);
+    with ``kl``, GRPO + k3 KL to a reference model placed like the policy (sharded under FSDP2)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.llm.parallel import full_tensor, wrap_model
+    from posttrain.llm.parallel import full_tensor, is_sharded, wrap_model
+    from posttrain.llm.run import _logp_filler
     from posttrain.llm.trainer import Trainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).double()
     tok = AutoTokenizer.from_pretrained(tiny_dir)
+    penalty: dict[str, Any] = {"kl": "k3", "kl_coef": 0.5} if kl else {}
     cfg = config_from_dict(
         {
             "data": {"prompts_per_step": G},
             "rollout": {"group_size": K, "max_new_tokens": 6},
-            "algorithm": {"method": "grpo", "aggregation": mode},
+            "algorithm": {"method": "grpo", "aggregation": mode, **penalty},
             "optim": {"micro_batch_size": K, "max_grad_norm": None},
         }
     )
-    alg = build_algorithm(method="grpo", horizon=6, aggregation=mode)
+    alg = build_algorithm(method="grpo", horizon=6, aggregation=mode, **penalty)
+    fillers = {}
+    if kl:
+        ref = _reference(tiny_dir, strategy)
+        assert is_sharded(ref) == (strategy == "fsdp" and world > 1)
+        fillers["logp_ref"] = _logp_filler(ref, 1.0)
     wrapped = wrap_model(model, strategy) if world > 1 else model
     trainer = Trainer(
-        cfg, model=wrapped, tokenizer=tok, task=TableTask(), engine=FixedEngine(model, RESPONSES), algorithm=alg
-    )
+        cfg, model=wrapped, tokenizer=tok, task=TableTask(), engine=FixedEngine(model, RESPONSES), algorithm=alg,
+        fillers=fillers,
+    )  # fmt: skip
     trainer.rank, trainer.world = 0, 1  # the fixed engine returns the global batch; this rank keeps its groups below
     batch, _ = trainer.rollout()
     trainer.rank, trainer.world = rank, world
@@ -82,6 +105,8 @@ def test_distributed_strategy_is_validated_and_inert_in_one_process(tiny: tuple[
         config_from_dict({"distributed": {"strategy": "zero3"}})
     with pytest.raises(DomainError, match=r"distributed\.strategy.*rollout\.engine='vllm'"):
         config_from_dict({"distributed": {"strategy": "fsdp"}, "rollout": {"engine": "vllm"}})
+    with pytest.raises(DomainError, match=r"rollout\.replay.*fsdp"):
+        config_from_dict({"distributed": {"strategy": "fsdp"}, "rollout": {"replay": {"rule": "hdr"}}})
     model = tiny[0]
     for strategy in ("ddp", "fsdp"):  # no process group: the model is used as is
         assert wrap_model(model, strategy) is model and not is_sharded(model)
@@ -109,7 +134,36 @@ def test_two_gloo_processes_equal_one(tiny_dir: Path, tmp_path: Path, strategy: 
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
-def _fit_worker(rank: int, out_dir: str, result: str) -> None:
+def _kl_worker(rank: int, tiny_dir: str, out: str) -> None:
+    loss, grads = _global_batch_and_grads(Path(tiny_dir), "token-mean", 2, rank, "fsdp", kl=True)
+    total = torch.tensor(loss, dtype=torch.float64)
+    dist.all_reduce(total)
+    if rank == 0:
+        torch.save((float(total), grads), out)
+
+
+@pytest.mark.slow
+def test_fsdp_with_a_sharded_reference_equals_one_process(tiny_dir: Path, tmp_path: Path) -> None:
+    """GRPO + k3 KL under FSDP2 with the reference model sharded too (its forwards are collectives): the loss
+    and gradients equal one process with an unsharded reference, and the KL term is active."""
+    out = tmp_path / "kl.pt"
+    _spawn(tmp_path, _kl_worker, str(tiny_dir), str(out))
+    sharded_loss, sharded_grads = torch.load(out, weights_only=True)
+    loss, grads = _global_batch_and_grads(tiny_dir, "token-mean", 1, 0, kl=True)
+    plain_loss, _ = _global_batch_and_grads(tiny_dir, "token-mean", 1, 0)
+    assert abs(loss - plain_loss) > 1e-3  # the KL term contributes
+    assert sharded_loss == pytest.approx(loss, rel=1e-10)
+    for a, b in zip(sharded_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+FIT_ALGORITHMS: dict[str, dict[str, Any]] = {
+    "grpo_kl": {"method": "grpo", "kl": "k3", "kl_coef": 0.05},  # the reference is sharded too
+    "flowrl": {"method": "flowrl", "options": {"beta": 2.0, "width": 8}},  # + a learned log Z beside the policy
+}
+
+
+def _fit_worker(rank: int, out_dir: str, result: str, algorithm: str) -> None:
     """Under FSDP2: 2 steps uninterrupted in ``out/full``; 1 step, then resume and 1 more in ``out/resumed``."""
     from posttrain.llm.parallel import full_state_dict, is_sharded
     from posttrain.llm.run import build_trainer
@@ -118,6 +172,7 @@ def _fit_worker(rank: int, out_dir: str, result: str) -> None:
         {
             "data": {"prompts_per_step": 2, "sft_steps": 0},
             "rollout": {"group_size": 2, "max_new_tokens": 6},
+            "algorithm": FIT_ALGORITHMS[algorithm],
             "optim": {"steps": 2, "lr": 1e-2},
             "checkpoint": {"every": 1},
             "logging": {"progress": False},
@@ -138,6 +193,8 @@ def _fit_worker(rank: int, out_dir: str, result: str) -> None:
             {
                 "weights": weights,
                 "resumed_weights": resumed_weights,
+                "modules": [m.state_dict() for m in full.algorithm.modules],
+                "resumed_modules": [m.state_dict() for m in resumed.algorithm.modules],
                 "losses": [m["loss"] for m in history],
                 "resumed_losses": [m["loss"] for m in resumed_history],
             },
@@ -146,15 +203,17 @@ def _fit_worker(rank: int, out_dir: str, result: str) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_fit_writes_a_full_checkpoint_and_resumes(tmp_path: Path) -> None:
-    """2 gloo processes under FSDP2 train 2 steps; the checkpoint is the full model, loadable by
-    ``from_pretrained``, and a run resumed after step 1 ends with the same weights and losses."""
+@pytest.mark.parametrize("algorithm", sorted(FIT_ALGORITHMS))
+def test_fsdp_fit_writes_a_full_checkpoint_and_resumes(tmp_path: Path, algorithm: str) -> None:
+    """2 gloo processes under FSDP2 (policy and reference sharded) train 2 steps; the checkpoint is the full
+    model, loadable by ``from_pretrained``, and a run resumed after step 1 ends with the same weights and losses
+    (FlowRL: also the same log-Z MLP, whose optimizer state the sharded checkpoint holds beside the policy's)."""
     from transformers import AutoModelForCausalLM
 
     from posttrain.llm.checkpoint import latest_checkpoint
 
     result = tmp_path / "result.pt"
-    _spawn(tmp_path, _fit_worker, str(tmp_path), str(result))
+    _spawn(tmp_path, _fit_worker, str(tmp_path), str(result), algorithm)
     out = tmp_path / "full"
     final: dict[str, Any] = torch.load(result, weights_only=True)
     assert len(final["losses"]) == 2 and all(math.isfinite(x) for x in final["losses"])
@@ -170,6 +229,10 @@ def test_fsdp_fit_writes_a_full_checkpoint_and_resumes(tmp_path: Path) -> None:
     assert final["resumed_losses"] == final["losses"]
     for name, value in final["weights"].items():
         torch.testing.assert_close(final["resumed_weights"][name], value, rtol=0, atol=0, msg=name)
+    assert len(final["modules"]) == (algorithm == "flowrl") and len(final["resumed_modules"]) == len(final["modules"])
+    for module, resumed in zip(final["modules"], final["resumed_modules"], strict=True):
+        for name, value in module.items():
+            torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=name)
 
 
 def _generate_worker(rank: int, tiny_dir: str, result: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from posttrain.errors import DomainError
 from posttrain.estimators.es import es_step, evolution_strategy
 from posttrain.llm.es_trainer import EsTrainConfig, es_train, generation_fitness, grpo_then_es, trainable_params
-from posttrain.llm.tasks import make_task
+from posttrain.llm.tasks import Problem, make_task
 
 
 def _target_logp(model: Any, tokenizer: Any) -> Callable[[int], float]:
@@ -37,7 +39,12 @@ def test_one_step_equals_the_estimator_by_hand(tiny: tuple[Any, Any]) -> None:
     fitness = generation_fitness(model, tok, make_task("addition"), prompts_per_step=4, max_new_tokens=4)
     seen: list[float] = []
     cfg = EsTrainConfig(population=4, sigma=0.05, lr=0.01, steps=1, seed=3)
-    logs = es_train(params, lambda s: seen.append(fitness(s)) or seen[-1], cfg)
+
+    def recorded(step: int) -> float:
+        seen.append(fitness(step))
+        return seen[-1]
+
+    logs = es_train(params, recorded, cfg)
     pop = evolution_strategy(population=4, sigma=0.05, lr=0.01).ask(
         evolution_strategy(population=4, sigma=0.05, lr=0.01).init(3)
     )
@@ -132,3 +139,40 @@ def test_es_command_runs_the_configured_es_from_the_initial_model(tmp_path: Path
         assert torch.equal(p, endpoint[name]), name
     bad = CliRunner().invoke(app, ["es", str(example), "--set", "es.shaping=rank"])
     assert bad.exit_code == 2 and "es.shaping" in bad.output
+
+
+class _TextTask:
+    """Addition prompts of several lengths; reward = a fingerprint of the completion's characters."""
+
+    def __init__(self) -> None:
+        self.inner = make_task("addition")
+
+    def sample(self, rng: random.Random, n: int) -> list[Problem]:
+        return self.inner.sample(rng, n)
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        return sum((i + 1) * ord(c) for i, c in enumerate(completion)) % 997 / 997
+
+    def solution(self, problem: Problem, rng: random.Random) -> str:
+        return self.inner.solution(problem, rng)
+
+
+def test_generation_fitness_micro_batches_give_the_same_responses(tiny: tuple[Any, Any]) -> None:
+    """One prompt per ``generate`` (less activation memory) scores the same greedy responses as the whole batch."""
+    model, tok = tiny
+    task = _TextTask()
+    prompts = task.sample(random.Random(0), 6)
+    assert len({len(p.prompt) for p in prompts}) > 1  # padding differs between the batch and the slices
+    fitness = {m: generation_fitness(model, tok, task, prompts_per_step=6, max_new_tokens=6, problems=prompts,
+                                     micro_batch=m)(0) for m in (None, 1, 4)}  # fmt: skip
+    assert fitness[None] == fitness[1] == fitness[4] and fitness[None] > 0
+    with pytest.raises(DomainError, match="micro_batch"):
+        generation_fitness(model, tok, task, prompts_per_step=6, micro_batch=0)
+
+
+def test_es_micro_batch_is_a_validated_config_key() -> None:
+    from posttrain.llm.config import config_from_dict
+
+    assert config_from_dict({"es": {"micro_batch": 2}}).es.micro_batch == 2
+    with pytest.raises(DomainError, match=r"es\.micro_batch"):
+        config_from_dict({"es": {"micro_batch": 0}})

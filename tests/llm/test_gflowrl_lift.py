@@ -12,13 +12,10 @@ from posttrain.errors import DomainError
 from posttrain.estimators import AggregationMode, aggregate
 from posttrain.estimators.gflowrl import flow_gap, gflowrl_loss
 from posttrain.llm.algorithm import build_algorithm
-from posttrain.llm.config import load_config
 from posttrain.llm.generate import token_logprobs
 from posttrain.llm.run import build_trainer
-from tests.llm._lift import small_config
+from tests.llm._lift import fit_example, small_config
 from tests.llm.test_algorithm import _grads, _trainer
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
 
 
 def _config(micro: int | None) -> Any:
@@ -82,12 +79,7 @@ def test_gflowrl_raises_held_out_reward_after_sft(tmp_path: Path) -> None:
     Held-out mean reward over 64 prompts x 8 samples (standard error ~0.02-0.03 per estimate); the
     same margin as the trainer's GRPO test per seed.
     """
-    cfg = load_config(EXAMPLE, ["seed=0", "optim.steps=30", "checkpoint.every=0", "logging.progress=false",
-                                "algorithm.method=gflowrl"])  # fmt: skip
-    trainer = build_trainer(cfg, tmp_path / "run")
-    before = trainer.evaluate()["reward_mean"]
-    history = trainer.fit()
-    after = trainer.evaluate()["reward_mean"]
+    _, history, before, after = fit_example(tmp_path / "run", "algorithm.method=gflowrl")
     print("GFlowRL held-out reward", before, "->", after)
     assert after - before >= 0.05
     assert any(h["loss"] > 0 for h in history)

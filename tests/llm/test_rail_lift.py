@@ -7,17 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.llm.config import load_config
 from posttrain.llm.generate import token_logprobs
-from posttrain.llm.rail_trainer import RailTrainer
+from posttrain.llm.rail_stage import BranchingStage
 from posttrain.llm.run import build_trainer
-from tests.llm._lift import small_config
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
+from tests.llm._lift import fit_example, small_config
 
 
 def test_branch_rows_share_a_prefix_and_carry_behaviour_log_probs(tmp_path: Path) -> None:
-    trainer = RailTrainer.from_trainer(build_trainer(small_config(), tmp_path / "run"), branches=2, shadow_steps=10)
+    cfg = small_config(rollout={"branching": {"branches": 2, "shadow_steps": 10}})
+    trainer = build_trainer(cfg, tmp_path / "run")
+    (stage,) = trainer.stages
+    assert isinstance(stage, BranchingStage)
     batch, texts = trainer.rollout()
     assert batch.batch_size == 4 * 4 and batch.group_size == 4 and len(texts) == 16
     with torch.no_grad():
@@ -27,7 +27,7 @@ def test_branch_rows_share_a_prefix_and_carry_behaviour_log_probs(tmp_path: Path
     assert batch.logp_old is not None
     gap = torch.where(batch.mask, (recomputed - batch.logp_old).abs(), torch.zeros(()))
     assert float(gap.max()) < 1e-4  # prefix log-probs from the base row + engine log-probs of the continuation
-    assert 0.0 <= trainer.rail_log["rail/branched"] <= 1.0
+    assert 0.0 <= trainer.stage_logs["rail/branched"] <= 1.0
     metrics = trainer.train_step()
     assert {"rail/branched", "rail/depth", "rail/gain"} <= set(metrics)
 
@@ -35,12 +35,10 @@ def test_branch_rows_share_a_prefix_and_carry_behaviour_log_probs(tmp_path: Path
 @pytest.mark.slow
 def test_rail_branching_is_active_and_raises_held_out_reward(tmp_path: Path) -> None:
     """SFT warm-up then 30 GRPO steps with RAIL branching (4 base + 4 branches) on tiny_cpu.yaml (seed 0)."""
-    cfg = load_config(EXAMPLE, ["seed=0", "optim.steps=30", "checkpoint.every=0", "logging.progress=false"])
-    trainer = RailTrainer.from_trainer(build_trainer(cfg, tmp_path / "run"), branches=4, shadow_steps=5)
-    before = trainer.evaluate()["reward_mean"]
-    history = trainer.fit()
-    after = trainer.evaluate()["reward_mean"]
+    trainer, history, before, after = fit_example(tmp_path / "run", "rollout.branching={branches: 4, shadow_steps: 5}")
     print("RAIL held-out reward", before, "->", after, [round(h["rail/branched"], 2) for h in history])
     assert max(h["rail/branched"] for h in history) > 0
-    assert trainer.ctrl.features.shape[0] > 0  # the controller was fitted on realised gains
+    (stage,) = trainer.stages
+    assert isinstance(stage, BranchingStage)
+    assert stage.ctrl.features.shape[0] > 0  # the controller was fitted on realised gains
     assert after - before >= 0.05

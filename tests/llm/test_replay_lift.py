@@ -8,12 +8,10 @@ from typing import Any
 
 import pytest
 
-from posttrain.llm.config import load_config
-from posttrain.llm.replay_trainer import ReplayTrainer
+from posttrain.llm.replay_stage import ReplayStage
 from posttrain.llm.run import build_trainer
-from tests.llm._lift import small_config
+from tests.llm._lift import fit_example, small_config
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
 VOLATILE = {"step_time_s", "gen_time_s"}
 
 
@@ -23,9 +21,11 @@ def _clean(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_zero_replay_budget_is_on_policy_grpo_bit_for_bit(tmp_path: Path) -> None:
     plain = build_trainer(small_config(steps=3, updates_per_batch=2), tmp_path / "plain").fit()
-    replay = ReplayTrainer.from_trainer(
-        build_trainer(small_config(steps=3, updates_per_batch=2), tmp_path / "replay"), k_rep=0
-    ).fit()
+    trainer = build_trainer(
+        small_config(steps=3, updates_per_batch=2, rollout={"replay": {"k_rep": 0}}), tmp_path / "replay"
+    )
+    assert [type(s) for s in trainer.stages] == [ReplayStage]
+    replay = trainer.fit()
     assert _clean(plain) == _clean(replay)
     assert all(h["replay/groups"] == 0 for h in replay)
 
@@ -33,11 +33,9 @@ def test_zero_replay_budget_is_on_policy_grpo_bit_for_bit(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_hdr_replay_is_active_and_raises_held_out_reward(tmp_path: Path) -> None:
     """SFT warm-up then 30 GRPO + HDR steps on tiny_cpu.yaml (seed 0): replay admits groups and reward rises."""
-    cfg = load_config(EXAMPLE, ["seed=0", "optim.steps=30", "checkpoint.every=0", "logging.progress=false"])
-    trainer = ReplayTrainer.from_trainer(build_trainer(cfg, tmp_path / "run"), k_rep=16, capacity=64, tau=1e-2)
-    before = trainer.evaluate()["reward_mean"]
-    history = trainer.fit()
-    after = trainer.evaluate()["reward_mean"]
+    _, history, before, after = fit_example(
+        tmp_path / "run", "rollout.replay={rule: hdr, k_rep: 16, capacity: 64, tau: 1e-2}"
+    )
     print("HDR held-out reward", before, "->", after, json.dumps([h["replay/groups"] for h in history]))
     assert sum(h["replay/groups"] for h in history) > 0 and max(h["replay/ratio"] for h in history) > 0
     assert all(h["replay/groups"] <= 16 for h in history)

@@ -10,15 +10,11 @@ import pytest
 import torch
 
 from posttrain.estimators import masked_mean
-from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, sis_logp_old, token_in_topk
-from posttrain.llm.config import load_config
+from posttrain.estimators.sis import sis_logp_old
 from posttrain.llm.generate import token_logprobs
 from posttrain.llm.run import build_trainer
-from posttrain.llm.sis_trainer import response_log_probs
-from tests.llm._lift import record_rollouts, small_config
+from tests.llm._lift import fit_example, record_rollouts, sis_test_by_hand, small_config
 from tests.llm.test_algorithm import _trainer
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.yaml"
 
 
 def test_update_batches_equal_the_rejection_test_by_hand(tiny: tuple[Any, Any]) -> None:
@@ -32,21 +28,10 @@ def test_update_batches_equal_the_rejection_test_by_hand(tiny: tuple[Any, Any]) 
 
     def by_hand(batch: Any) -> dict[str, float]:
         rollout = batches[-1]
-        full = response_log_probs(model, rollout, 1.0)  # [B, T, V], the current policy
-        logp = full.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)
+        logp, accepted = sis_test_by_hand(trainer, rollout, behaviour, len(rates))
         ref, _ = token_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.mask)
         torch.testing.assert_close(torch.where(rollout.mask, logp, 0.0), torch.where(rollout.mask, ref, 0.0))
-        if not behaviour:  # first update: the policy is still the behaviour policy
-            top = full.topk(full.shape[-1], dim=-1)
-            behaviour.append((top.indices, top.values))
-        idx, old = behaviour[0]
-        a = sis_acceptance_prob(
-            logp, rollout.logp_old, full.gather(-1, idx), old, token_in_topk(rollout.response_ids, idx)
-        )
-        seed = trainer.cfg.seed * 1_000_003 + trainer.step * 101 + len(rates)
-        u = torch.rand(a.shape, generator=torch.Generator().manual_seed(seed), dtype=a.dtype)
-        accepted = sis_accept(a, u) & rollout.mask
-        rates.append(float(masked_mean(accepted.to(a.dtype), rollout.mask)))
+        rates.append(float(masked_mean(accepted.to(logp.dtype), rollout.mask)))
         want = sis_logp_old(logp, rollout.logp_old, accepted)
         torch.testing.assert_close(torch.where(batch.mask, batch.logp_old, 0.0), torch.where(batch.mask, want, 0.0))
         return original(batch)
@@ -69,12 +54,8 @@ def test_acceptance_is_total_on_policy_and_partial_when_stale(tmp_path: Path) ->
 @pytest.mark.slow
 def test_sis_grpo_raises_held_out_reward_with_stale_updates(tmp_path: Path) -> None:
     """SFT warm-up then 30 steps of 4 updates per rollout batch (tiny_cpu.yaml, seed 0): reward rises."""
-    cfg = load_config(EXAMPLE, ["seed=0", "optim.steps=30", "optim.updates_per_batch=4", "checkpoint.every=0",
-                                "logging.progress=false", "algorithm.method=sis"])  # fmt: skip
-    trainer = build_trainer(cfg, tmp_path / "run")  # top_k = 100 >= V: the exact envelope
-    before = trainer.evaluate()["reward_mean"]
-    history = trainer.fit()
-    after = trainer.evaluate()["reward_mean"]
+    # top_k = 100 >= V: the exact envelope
+    _, history, before, after = fit_example(tmp_path / "run", "optim.updates_per_batch=4", "algorithm.method=sis")
     print("SIS held-out reward", before, "->", after, [round(h["sis/accept_rate"], 3) for h in history])
     assert min(h["sis/accept_rate"] for h in history) < 1.0
     assert after - before >= 0.05

@@ -11,22 +11,27 @@ from hypothesis import strategies as st
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators.es import (
+    NOISE_CHUNK,
     EsPopulation,
     RewardShaping,
     antithetic_gradient,
     antithetic_population,
+    apply_es_step_,
     centered_rank_rewards,
     es_direction,
     es_gradient,
     es_step,
     evolution_strategy,
+    noise_chunks,
     perturb_,
     perturbed_params,
     population_forward,
     population_noise,
     relative_drift,
     restore_,
+    roundtrip_,
     seeded_noise,
+    tensor_seed,
     threshold_update,
     update_sparsity,
     zscore_rewards,
@@ -138,7 +143,8 @@ def test_update_invariances(seed: int, n: int, a: float, b: float) -> None:
     for k, v in es_step(params, EsPopulation(pop.seeds[perm], pop.signs[perm]), r[perm], lr=0.3).items():
         torch.testing.assert_close(v, base[k], rtol=0, atol=1e-12)
     for k, v in es_step(params, pop, r.exp(), lr=0.3, shaping=RewardShaping.CENTERED_RANKS).items():
-        torch.testing.assert_close(v, es_step(params, pop, r, lr=0.3, shaping="centered_ranks")[k], rtol=0, atol=1e-12)
+        by_name = es_step(params, pop, r, lr=0.3, shaping="centered_ranks")  # type: ignore[arg-type]  # a str is accepted
+        torch.testing.assert_close(v, by_name[k], rtol=0, atol=1e-12)
 
 
 @settings(max_examples=10)
@@ -292,3 +298,73 @@ def test_pure_functions_do_not_mutate_and_keep_dtype(dtype: torch.dtype) -> None
         assert outs[0].dtype == outs[1].dtype == dtype and outs[3].dtype == dtype
         after = (params["w"], r, pop.seeds, pop.signs)
         assert all(torch.equal(a, b) for a, b in zip(snapshot, after, strict=True))
+
+
+# --- chunked noise: bounded temporaries, same stream, same update ---
+
+_SIZES = [1, 15, 16, 17, NOISE_CHUNK - 1, NOISE_CHUNK + 15, NOISE_CHUNK + 16, 2 * NOISE_CHUNK + 7]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_noise_is_the_one_shot_cpu_stream(dtype: torch.dtype) -> None:
+    """On CPU, the chunked draw equals one torch.randn of the whole tensor (the artifact's noise), at every size."""
+    for n in _SIZES:
+        gen = torch.Generator().manual_seed(tensor_seed(9, "w"))
+        assert torch.equal(seeded_noise(9, "w", (n,), dtype=dtype), torch.randn(n, generator=gen, dtype=dtype)), n
+
+
+@given(seed=seeds, n=st.integers(0, 300), chunk=st.sampled_from([16, 32, 48, 64]))
+@settings(max_examples=30)
+def test_noise_chunks_tile_the_tensor(seed: int, n: int, chunk: int) -> None:
+    """Chunks are consecutive, at most chunk + 15 long, at least 16 long when split, and concatenate to the noise."""
+    parts = [(a, b, v.clone()) for a, b, v in noise_chunks(seed, "w", n, chunk=chunk)]
+    starts, stops = [a for a, _, _ in parts], [b for _, b, _ in parts]
+    assert (starts == [0, *stops[:-1]] and stops[-1] == n) if parts else n == 0
+    assert all(b - a <= chunk + 15 and (len(parts) == 1 or b - a >= 16) for a, b, _ in parts)
+    assert torch.equal(torch.cat([v for *_, v in parts]) if parts else torch.zeros(0), seeded_noise(seed, "w", (n,)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_apply_es_step_equals_the_pure_step_exactly(dtype: torch.dtype) -> None:
+    """The chunked in-place update performs es_step's float operations: bit-identical, across chunk boundaries."""
+    g = torch.Generator().manual_seed(0)
+    params = {"big": torch.randn(2 * NOISE_CHUNK + 40, generator=g).to(dtype), "small": torch.randn(3, 5).to(dtype)}
+    pop, rewards = antithetic_population(torch.tensor([4, 17, 99])), torch.randn(6, generator=g, dtype=F64)
+    delta = es_step(params, pop, rewards, lr=0.3)
+    live = {k: v.clone() for k, v in params.items()}
+    apply_es_step_(live, pop, rewards, lr=0.3)
+    for k, v in params.items():
+        assert torch.equal(live[k], v + delta[k].to(dtype)), k
+
+
+@given(seed=seeds, sigma=st.floats(1e-4, 1.0), sign=st.sampled_from([1.0, -1.0]))
+@settings(max_examples=20)
+def test_roundtrip_is_perturb_then_restore_bitwise(seed: int, sigma: float, sign: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        pair = {
+            "a": torch.randn(NOISE_CHUNK + 33, generator=g).to(dtype),
+            "b": torch.randn(7, 2, generator=g).to(dtype),
+        }
+        once = {k: v.clone() for k, v in pair.items()}
+        perturb_(pair, seed, sigma=sigma, sign=sign)
+        restore_(pair, seed, sigma=sigma, sign=sign)
+        roundtrip_(once, seed, sigma=sigma, sign=sign)
+        assert all(torch.equal(pair[k], once[k]) for k in pair)
+
+
+def test_in_place_temporaries_do_not_grow_with_the_largest_tensor() -> None:
+    """Peak extra CPU memory of perturb_/restore_/apply_es_step_ is two chunk buffers, for a 16-chunk tensor."""
+    from benchmarks.bench_es import peak_extra_bytes
+
+    params = {"w": torch.zeros(16 * NOISE_CHUNK), "b": torch.zeros(5)}
+    pop, rewards = EsPopulation(torch.arange(4), torch.ones(4)), torch.arange(4.0, dtype=F64)
+    budget = 2 * (NOISE_CHUNK + 15) * 4 + 4096  # two float32 buffers + small tensors (rewards, weights)
+
+    def evaluate_member() -> None:
+        perturb_(params, 3, sigma=0.1)
+        restore_(params, 3, sigma=0.1)
+
+    assert peak_extra_bytes(evaluate_member) <= budget
+    assert peak_extra_bytes(lambda: apply_es_step_(params, pop, rewards, lr=0.1)) <= budget
+    assert budget < params["w"].numel() * 4 / 4  # the bound is far below one copy of the largest tensor

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from posttrain.errors import DomainError
 from posttrain.estimators import clipped_ratio_loss
 from posttrain.estimators.delta_distill import (
     centered_advantage,
     exopd_advantages,
     opd2_advantages,
+    sampled_on_support,
     tempered_log_softmax,
     topk_support,
 )
@@ -92,6 +95,21 @@ def test_topk_support_and_column_order(x: dict[str, torch.Tensor], k: int) -> No
     permuted = {n: (t[..., perm] if t.ndim == 3 else t) for n, t in x.items()}
     permuted["y"] = torch.argsort(perm)[x["y"]]  # the sampled token's new column
     assert torch.allclose(_opd2(permuted), _opd2(x), atol=1e-12)
+
+
+@given(triplets(), st.integers(1, V))
+def test_sampled_column_of_the_support_is_the_sampled_log_prob(x: dict[str, torch.Tensor], k: int) -> None:
+    """The LLM lift reads the sampled-token log-probs off the top-K columns: exactly the full-vocab gather."""
+    ids = topk_support(x["ls"], x["y"], k=k)
+    for name in ("ls", "lt", "lb"):
+        got = sampled_on_support(x[name].gather(-1, ids), ids, x["y"], x["mask"])
+        assert torch.equal(got, x[name].gather(-1, x["y"].unsqueeze(-1))[..., 0])
+    if bool(x["mask"].any()) and k < V:
+        plain = x["ls"].topk(k, dim=-1).indices  # without forcing, the sampled id may be missing
+        missing = ~(plain == x["y"].unsqueeze(-1)).any(-1) & x["mask"]
+        if bool(missing.any()):
+            with pytest.raises(DomainError, match="sampled id"):
+                sampled_on_support(x["ls"].gather(-1, plain), plain, x["y"], x["mask"])
 
 
 @given(token_tensors((2, 3, V), low=-3.0, high=3.0))

@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators import aggregate
-from posttrain.estimators.gflowrl import flow_gap, flowrl_loss, gflowrl_loss, mc_log_partition
+from posttrain.estimators.gflowrl import (
+    flow_gap,
+    flowrl_loss,
+    flowrl_optimal_log_z,
+    gflowrl_loss,
+    mc_log_partition,
+)
 
 VARIANTS = ("paper", "normalized", "cprime")
 AGG = "seq-mean-token-sum"  # mean over sequences of the per-sequence loss (Eq. 8)
@@ -235,6 +241,49 @@ def test_flowrl_baseline_formula_and_log_z_gradient() -> None:
     torch.testing.assert_close(d.sequence_loss.reshape(-1), (w * resid**2).detach())
     _, g_z = torch.autograd.grad(aggregate(loss, x.mask, AGG), [lp, log_z])
     assert bool(g_z.abs().sum() > 0)
+
+
+@given(x=groups, shift=st.floats(-0.3, 0.3), clip=st.floats(0.05, 0.5))
+def test_flowrl_log_z_gradient_vanishes_at_the_batch_optimum(x: Groups, shift: float, clip: float) -> None:
+    """d loss / d log Z = 0 at ``flowrl_optimal_log_z`` (IS weights active: logp != logp_old), and the loss
+    there is below the loss at any other log Z (a convex quadratic)."""
+    lp = (x.logp_old + shift).clamp(max=0)
+    z_star = flowrl_optimal_log_z(lp, x.logp_old, x.logp_ref, x.rewards, x.mask, clip=clip).requires_grad_(True)
+    loss, _ = flowrl_loss(lp, x.logp_old, x.logp_ref, x.rewards, x.mask, z_star, clip=clip)
+    (g_z,) = torch.autograd.grad(aggregate(loss, x.mask, AGG), z_star)
+    torch.testing.assert_close(g_z, torch.zeros_like(g_z), rtol=0, atol=1e-9)
+    other = z_star.detach() + torch.linspace(-1.0, 1.0, x.g, dtype=torch.float64) + 0.1
+    worse, _ = flowrl_loss(lp, x.logp_old, x.logp_ref, x.rewards, x.mask, other, clip=clip)
+    assert float(aggregate(worse, x.mask, AGG)) > float(aggregate(loss.detach(), x.mask, AGG))
+
+
+@given(x=groups, beta=st.floats(0.5, 15.0))
+def test_flowrl_at_the_mc_log_partition_is_unclipped_normalized_gflowrl(x: Groups, beta: float) -> None:
+    """On-policy (w = 1), FlowRL with log Z = GFlowRL's in-batch estimate (``normalized`` variant, rewards
+    r_hat) has GFlowRL's loss and gradient with the flow-gap clip off: the learned log Z's limit."""
+    r_hat = ((x.rewards - x.rewards.mean(-1, keepdim=True)) / (x.rewards.std(-1, keepdim=True) + 1e-6)).detach()
+    fg = flow_gap(r_hat, x.logp_old, x.logp_ref, x.mask, beta=beta, variant="normalized", max_up=1e9, max_down=1e9)
+    z_opt = flowrl_optimal_log_z(x.logp_old, x.logp_old, x.logp_ref, x.rewards, x.mask, beta=beta)
+    torch.testing.assert_close(z_opt, fg.log_partition, rtol=0, atol=1e-9)  # w = 1: optimum = MC estimate
+    lp = x.logp_old.clone().requires_grad_(True)
+    a, _ = flowrl_loss(lp, x.logp_old, x.logp_ref, x.rewards, x.mask, fg.log_partition, beta=beta, r_hat=r_hat)
+    b, _ = gflowrl_loss(lp, x.logp_old, x.logp_ref, r_hat, x.mask, beta=beta, variant="normalized", gap=fg)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+    torch.testing.assert_close(_grad(a, x.mask, lp), _grad(b, x.mask, lp), rtol=0, atol=1e-9)
+
+
+def test_flowrl_precomputed_r_hat_equals_whole_group_z_scores() -> None:
+    """Passing the whole groups' z-scores as ``r_hat`` row by row (micro-batching) gives the whole-batch loss."""
+    x = Groups(7, 3, 4, 3)
+    log_z = torch.tensor([0.3, -0.2, 1.0], dtype=torch.float64)
+    lp = (x.logp_old + 0.05).clamp(max=0)
+    whole, _ = flowrl_loss(lp, x.logp_old, x.logp_ref, x.rewards, x.mask, log_z)
+    r_hat = (x.rewards - x.rewards.mean(-1, keepdim=True)) / (x.rewards.std(-1, keepdim=True) + 1e-6)
+    rows, _ = flowrl_loss(lp, x.logp_old, x.logp_ref, torch.zeros(12, 1, dtype=torch.float64), x.mask,
+                          log_z.repeat_interleave(4), r_hat=r_hat.reshape(12, 1))  # fmt: skip
+    torch.testing.assert_close(rows, whole, rtol=0, atol=1e-12)
+    with pytest.raises(ShapeError, match="r_hat"):
+        flowrl_loss(lp, x.logp_old, x.logp_ref, x.rewards, x.mask, log_z, r_hat=r_hat.reshape(4, 3))
 
 
 def test_bad_inputs_raise() -> None:

@@ -18,6 +18,7 @@ from posttrain.estimators.sis import (
     sis_divergence,
     sis_logp_old,
     sis_loss,
+    sis_rejection_test,
     token_in_topk,
     truncated_is_loss,
 )
@@ -87,6 +88,33 @@ def test_no_acceptance_is_clipped_token_is(x: Batch) -> None:
     got = _loss_and_grad(sis_loss, x.logp, x.logp_old, x.adv, x.mask, acc, clip_high=0.28)
     ref = _loss_and_grad(clipped_ratio_loss, x.logp, x.logp_old, x.adv, x.mask, clip_high=0.28)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+@given(x=batches, zeros=st.booleans())
+def test_one_pass_rejection_test_equals_probability_then_accept(x: Batch, zeros: bool) -> None:
+    """``sis_rejection_test`` == ``sis_accept(sis_acceptance_prob(...), u)`` exactly, also for u = 0 draws."""
+    u = torch.where(torch.arange(x.u.numel()).reshape(x.u.shape) % 2 == 0, 0.0, x.u) if zeros else x.u
+    want = sis_accept(x.accept_prob(), u)
+    got = sis_rejection_test(x.logp, x.logp_old, x.cur_topk, x.old_topk, x.in_topk, u)
+    assert torch.equal(got, want)
+    none = sis_rejection_test(x.logp, x.logp_old, x.cur_topk[..., :0], x.old_topk[..., :0], x.in_topk, u)
+    assert not bool(none.any())  # K = 0: nothing is accepted
+
+
+@given(x=batches, dual=st.sampled_from([None, 3.0]), token_adv=st.booleans())
+def test_fused_loss_equals_loss_on_substituted_logp_old(x: Batch, dual: float | None, token_adv: bool) -> None:
+    """``sis_loss`` (substitution inside the loss's log-ratio) == the plain loss on ``sis_logp_old``: value,
+    gradient and clip diagnostics, whatever the acceptance pattern."""
+    acc = sis_accept(x.accept_prob(), x.u)
+    adv = x.adv.unsqueeze(-1) * torch.linspace(0.5, 1.5, x.mask.shape[1], dtype=x.adv.dtype) if token_adv else x.adv
+    lp = x.logp.clone().requires_grad_(True)
+    got, diag = sis_loss(lp, x.logp_old, adv, x.mask, acc, clip_high=0.28, dual_clip=dual)
+    (g_got,) = torch.autograd.grad(aggregate(got, x.mask), lp)
+    want, clip = clipped_ratio_loss(lp, sis_logp_old(lp, x.logp_old, acc), adv, x.mask, clip_high=0.28, dual_clip=dual)
+    (g_want,) = torch.autograd.grad(aggregate(want, x.mask), lp)
+    assert torch.equal(got.detach(), want.detach()) and torch.equal(g_got, g_want)
+    for a, b in zip(diag.clip, clip, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
 
 
 @given(x=batches)
@@ -165,6 +193,15 @@ def test_no_gradient_through_the_test() -> None:
     g1 = _loss_and_grad(sis_loss, x.logp, x.logp_old, x.adv, x.mask, acc)[1]
     g2 = _loss_and_grad(sis_loss, x.logp, x.logp_old, x.adv, x.mask, acc2)[1]
     assert torch.equal(g1, g2)
+
+
+def test_support_column_impossible_under_both_policies_rejects_without_nan() -> None:
+    x = Batch(12, 4, 6, 5, k=3, drift=0.6)
+    cur, old = x.cur_topk.clone(), x.old_topk.clone()
+    cur[0, 0, 1] = old[0, 0, 1] = -torch.inf  # e.g. top-k sampling: zero mass under both policies
+    a = sis_acceptance_prob(x.logp, x.logp_old, cur, old, x.in_topk)
+    assert torch.isfinite(a).all() and a[0, 0] == 0
+    assert torch.equal(sis_accept(a, x.u), sis_rejection_test(x.logp, x.logp_old, cur, old, x.in_topk, x.u))
 
 
 @given(x=batches)
