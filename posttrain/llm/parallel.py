@@ -56,15 +56,24 @@ def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
     """The model for training under ``strategy`` (the model itself when ``torch.distributed`` is not initialised).
 
-    ``ddp`` returns a ``DistributedDataParallel`` wrapper; ``fsdp`` applies ``fully_shard`` in place
-    to every decoder layer and then to the root, and returns the same (now sharded) module.
+    ``ddp`` returns a ``DistributedDataParallel`` wrapper that syncs the weights and buffers from rank 0
+    once, at construction, but not the buffers in forward (``broadcast_buffers = False``): a causal LM holds
+    no trained buffers (e.g. rotary ``inv_freq`` is a function of the config, equal on every rank), so its
+    forwards need no collective and ranks may run different numbers of micro-batch forwards per update
+    (each rank's own replayed groups, :mod:`posttrain.llm.replay_stage`); gradients are still all-reduced
+    once per update. (With the default, DDP broadcasts rank 0's buffers in the first forward after each
+    gradient-synchronised one: once per update in torch 2.13, a private detail not relied on.)
+    ``fsdp`` applies ``fully_shard`` in place to every decoder layer and then to the root, and returns the
+    same (now sharded) module.
     """
     if strategy not in STRATEGIES:
         raise DomainError(f"distributed.strategy: unknown name {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if not (dist.is_available() and dist.is_initialized()):
         return model
     if strategy == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)  # syncs the weights and buffers from rank 0
+        ddp.broadcast_buffers = False  # but not the buffers in every forward (torch 2.13: forward_sync_buffers)
+        return ddp
     return _shard(model)
 
 

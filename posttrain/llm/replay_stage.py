@@ -18,8 +18,18 @@ Logged per step: ``replay/groups`` (admitted), ``replay/scanned``, ``replay/buff
 ``replay/ratio`` (replayed rows / all rows). Simplifications: every stored response is re-scored
 each step (the scan is cheap at toy scale; a production run caps and batches it with the
 old-log-prob pass); ``reward_mean`` in the step log includes replayed groups; stored ``logp_gen``
-is the rollout engine's log-prob (equal to the trainer's numerics for the HF engine); under FSDP2
-ranks with unequal buffers would run unequal numbers of sharded forwards (tested: one process).
+is the rollout engine's log-prob (equal to the trainer's numerics for the HF engine).
+
+Data parallel: the buffer is per rank. Under DDP each rank stores its own fresh groups and replays its
+own, so ranks may replay different numbers of groups and run different numbers of micro-batch forwards
+per update; this is safe because the DDP forward is no collective
+(:func:`~posttrain.llm.parallel.wrap_model` turns off its buffer sync), the gradients are all-reduced
+once per update (after each rank's last micro-batch) and the trainer's all-reduces (loss normaliser,
+FLOPs) run once per update / step on every rank. The gating pass uses the unwrapped policy. Tested
+(``tests/llm/test_distributed.py``): 2 gloo ranks, micro-batches of one group, rank 0 replaying groups
+and rank 1 none, complete 3 steps with equal all-reduce counts and bitwise-identical weights. Under
+FSDP2 ranks with unequal buffers would run unequal numbers of sharded forwards (all-gathers), so
+replay is refused there at config load.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import torch.distributed as dist
 
 from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import config_from_dict
+from posttrain.llm.tasks import Problem
+from tests.llm._lift import small_config
 from tests.llm.fakes import FixedEngine, TableTask
 
 pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
@@ -79,11 +83,19 @@ def _global_batch_and_grads(
     return stats["loss"], [full_tensor(g).detach().clone() for g in grads if g is not None]
 
 
-def _spawn(tmp: Path, worker: Any, *args: Any) -> None:
-    """Run ``worker(rank, *args)`` in 2 processes joined in a gloo group (rendezvous file under ``tmp``)."""
+def _spawn(tmp: Path, worker: Any, *args: Any, timeout: float | None = None) -> None:
+    """Run ``worker(rank, *args)`` in 2 processes joined in a gloo group (rendezvous file under ``tmp``);
+    with ``timeout`` (seconds), processes still running then (e.g. a collective hang) are killed and the test fails."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_in_group, args=(str(tmp / "init"), worker, args), nprocs=2, join=True)
+    procs = mp.spawn(_in_group, args=(str(tmp / "init"), worker, args), nprocs=2, join=False)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not procs.join(None if deadline is None else max(deadline - time.monotonic(), 0.0)):
+        if deadline is not None and time.monotonic() >= deadline:
+            for p in procs.processes:
+                p.kill()
+                p.join()
+            pytest.fail(f"the 2 gloo processes were still running after {timeout} s (a collective hang?)")
 
 
 def _in_group(rank: int, init_file: str, worker: Any, args: tuple[Any, ...]) -> None:
@@ -270,3 +282,55 @@ def test_fsdp_generation_with_uneven_lengths_equals_unsharded(tiny_dir: Path, tm
     torch.testing.assert_close(sharded.mask[:, :width], plain.mask)
     torch.testing.assert_close(sharded.response_ids[:, :width] * plain.mask, plain.response_ids * plain.mask)
     torch.testing.assert_close(sharded.logp[:, :width], plain.logp, rtol=1e-9, atol=1e-12)
+
+
+class _HalfTableTask(TableTask):
+    """:class:`TableTask`'s graded rewards on a step's prompts ``d+0=`` and ``d+1=`` (rank 0's share of 4 under
+    2 ranks), 0 on the rest: only rank 0's groups are mixed-outcome, so only rank 0's replay buffer fills."""
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        return super().reward(problem, completion) if int(problem.prompt.split("+")[1][:-1]) < 2 else 0.0
+
+
+def _replay_worker(rank: int, out_dir: str) -> None:
+    """3 GRPO steps under DDP with replay, micro-batches of one group; this rank's replay log and final weights."""
+    from posttrain.llm.parallel import rank_and_world
+    from posttrain.llm.run import build_trainer
+
+    cfg = small_config(
+        steps=3, micro_batch_size=4, rollout={"replay": {"rule": "naive_recency", "k_rep": 2, "tau": 1e9}}
+    )
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, sft_steps=0))
+    trainer = build_trainer(cfg, Path(out_dir) / "run")
+    assert isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel) and rank_and_world() == (rank, 2)
+    assert cfg.optim.micro_batch_size == cfg.rollout.group_size
+    trainer.task = _HalfTableTask()
+    all_reduce, calls = dist.all_reduce, [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:  # the trainer's normaliser and FLOP sums
+        calls[0] += 1
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        history = trainer.fit()
+    finally:
+        dist.all_reduce = all_reduce
+    weights = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    result = {"groups": [h["replay/groups"] for h in history], "all_reduce": calls[0], "weights": weights}
+    torch.save(result, Path(out_dir) / f"{rank}.pt")
+
+
+@pytest.mark.slow
+def test_ddp_ranks_replaying_unequal_groups_stay_in_sync(tmp_path: Path) -> None:
+    """Each rank keeps its own replay buffer: here rank 0 replays groups while rank 1 (no mixed-outcome groups)
+    replays none, so rank 0 runs more micro-batch forwards per update. The run completes (no collective hang),
+    both ranks issue the same all-reduces (normaliser, FLOPs) and end with bitwise-identical weights."""
+    _spawn(tmp_path, _replay_worker, str(tmp_path), timeout=300)
+    got = [torch.load(tmp_path / f"{rank}.pt", weights_only=True) for rank in range(2)]
+    assert any(a != b for a, b in zip(got[0]["groups"], got[1]["groups"], strict=True)), got  # the case under test
+    assert sum(got[0]["groups"]) > 0 and sum(got[1]["groups"]) == 0
+    assert got[0]["all_reduce"] == got[1]["all_reduce"] > 0  # the same collectives on both ranks
+    assert set(got[0]["weights"]) == set(got[1]["weights"])
+    for name, value in got[0]["weights"].items():
+        assert torch.equal(value, got[1]["weights"][name]), name
