@@ -25,6 +25,7 @@ from posttrain.errors import DomainError
 __all__ = [
     "STRATEGIES",
     "average_gradients",
+    "clip_gradients",
     "full_optimizer_state",
     "full_state_dict",
     "full_tensor",
@@ -201,3 +202,28 @@ def average_gradients(params: list[torch.nn.Parameter], world: int) -> None:
         if p.grad is not None:
             dist.all_reduce(p.grad)
             p.grad /= world
+
+
+def clip_gradients(
+    policy_params: list[torch.nn.Parameter], module_params: list[torch.nn.Parameter], max_norm: float | None
+) -> float:
+    r"""Clip the policy's and an algorithm's own modules' gradients *together* by their global 2-norm.
+
+    :math:`\|g\| = \sqrt{\|g_{policy}\|^2 + \|g_{modules}\|^2}`; when it exceeds ``max_norm`` every
+    gradient is scaled by :math:`\text{max\_norm} / (\|g\| + 10^{-6})` (as ``clip_grad_norm_``). Without
+    modules this is ``clip_grad_norm_`` on the policy. Under FSDP2 the policy's norm is gathered from its
+    ``DTensor`` shards (every rank calls this); module gradients are whole on every rank. Returns the norm
+    before clipping (NaN when ``max_norm`` is None: nothing is computed).
+    """
+    if max_norm is None:
+        return float("nan")
+    if not module_params:
+        return float(full_tensor(torch.nn.utils.clip_grad_norm_(policy_params, max_norm)))
+    grads = [[p.grad for p in ps if p.grad is not None] for ps in (policy_params, module_params)]
+    parts = [float(full_tensor(torch.nn.utils.get_total_norm(g))) if g else 0.0 for g in grads]
+    total = (parts[0] ** 2 + parts[1] ** 2) ** 0.5
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for g in (*grads[0], *grads[1]):
+            g.mul_(coef)
+    return total

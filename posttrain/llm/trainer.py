@@ -42,7 +42,13 @@ from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.config import RunConfig
 from posttrain.llm.generate import RolloutEngine, SamplingConfig, token_logprobs
 from posttrain.llm.optimization import make_optimizer, make_scheduler, module_parameters
-from posttrain.llm.parallel import average_gradients, full_tensor, gradient_sync, rank_and_world, synced_engine
+from posttrain.llm.parallel import (
+    average_gradients,
+    clip_gradients,
+    gradient_sync,
+    rank_and_world,
+    synced_engine,
+)
 from posttrain.llm.stages import RolloutStage, StepContext
 from posttrain.llm.step_log import policy_cost, step_flops, step_metrics
 from posttrain.llm.tasks import Problem, Task
@@ -221,10 +227,8 @@ class Trainer:
             average_gradients(module_parameters(alg.modules), self.world)  # DDP/FSDP do not wrap them
             if update == 0:  # on-policy: the engine's behaviour log-probs vs the trainer's recomputation
                 logp_gap = stats.get("logp_gap")
-            grad_norm = (
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
-                if self.cfg.optim.max_grad_norm is not None
-                else torch.tensor(float("nan"))
+            grad_norm = clip_gradients(  # the policy's and the method's own modules' together
+                list(self.model.parameters()), module_parameters(alg.modules), self.cfg.optim.max_grad_norm
             )
             self.optimizer.step()
             self.scheduler.step()
@@ -236,7 +240,7 @@ class Trainer:
         epochs, ref_forward = self.cfg.optim.updates_per_batch, "logp_ref" in alg.needs  # log
         flops = step_flops(batch, self.policy_cost, epochs=epochs, ref_forward=ref_forward, world=self.world)
         return step_metrics(
-            self.step, batch, stats, logp_gap=logp_gap, grad_norm=float(full_tensor(grad_norm)),
+            self.step, batch, stats, logp_gap=logp_gap, grad_norm=grad_norm,
             lr=float(self.scheduler.get_last_lr()[0]), gen_time_s=t_gen, step_time_s=time.perf_counter() - t0, flops=flops,
             extra={**{key: sum(v) / len(v) for key, v in hook_logs.items()}, **self.stage_logs},
         )  # fmt: skip

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import config_from_dict
@@ -334,3 +336,38 @@ def test_ddp_ranks_replaying_unequal_groups_stay_in_sync(tmp_path: Path) -> None
     assert set(got[0]["weights"]) == set(got[1]["weights"])
     for name, value in got[0]["weights"].items():
         assert torch.equal(value, got[1]["weights"][name]), name
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    scale=st.floats(1e-3, 1e3),
+    max_norm=st.floats(1e-2, 10.0),
+    with_modules=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_clip_gradients_clips_policy_and_modules_by_their_joint_norm(
+    scale: float, max_norm: float, with_modules: bool, seed: int
+) -> None:
+    """The joint 2-norm of policy + module gradients is returned and clipped to ``max_norm``, one common factor
+    (the direction is kept); without modules it is ``clip_grad_norm_``; ``max_norm=None`` leaves gradients alone."""
+    from posttrain.llm.parallel import clip_gradients
+
+    gen = torch.Generator().manual_seed(seed)
+    policy, module = torch.nn.Linear(3, 2).double(), torch.nn.Linear(2, 1).double()
+    params = {"policy": list(policy.parameters()), "module": list(module.parameters()) if with_modules else []}
+    for p in params["policy"] + params["module"]:
+        p.grad = scale * torch.randn(p.shape, generator=gen, dtype=p.dtype)
+    before = [p.grad.clone() for p in params["policy"] + params["module"]]  # type: ignore[union-attr]
+    joint = float(torch.sqrt(sum((g**2).sum() for g in before)))
+    assert math.isnan(clip_gradients(params["policy"], params["module"], None))
+    assert all(torch.equal(p.grad, b) for p, b in zip(params["policy"] + params["module"], before, strict=True))
+    total = clip_gradients(params["policy"], params["module"], max_norm)
+    assert total == pytest.approx(joint, rel=1e-12)
+    after = [p.grad for p in params["policy"] + params["module"]]
+    factor = min(1.0, max_norm / (joint + 1e-6))
+    for a, b in zip(after, before, strict=True):
+        torch.testing.assert_close(a, b * factor, rtol=1e-12, atol=0)
+    if not with_modules:  # the same as torch's own clipping
+        for p, b in zip(params["policy"], before, strict=True):
+            p.grad = b.clone()
+        assert float(torch.nn.utils.clip_grad_norm_(params["policy"], max_norm)) == pytest.approx(total, rel=1e-12)
