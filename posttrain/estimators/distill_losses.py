@@ -24,6 +24,7 @@ from posttrain.estimators.losses import (
     clipped_ratio_loss,
     ppo_clip_objective,
 )
+from posttrain.estimators.ratios import LOG_RATIO_CLAMP
 from posttrain.validate import check_float, check_in_range, check_mask, check_positive, check_same_shape
 
 __all__ = ["opd_policy_loss", "trrd_loss"]
@@ -126,7 +127,7 @@ def trrd_loss(
     d = _teacher_signal(logp_teacher, logp_old, mask, teacher_mask, mask_final_token)
     lr = zero_off_mask(logp - logp_old, mask)  # NaN off the mask never reaches the ratio or a gradient
     log_rho = lr - (1.0 - alpha) * d if teacher_grad else alpha * lr - (1.0 - alpha) * d
-    log_rho = log_rho.clamp(-20.0, 20.0)
+    log_rho = log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     rho = torch.exp(log_rho)
     loss, clipped, dual = ppo_clip_objective(rho, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
     return _masked_with_diagnostics(loss, clipped, dual, log_rho, rho, mask)

@@ -96,27 +96,17 @@ def dpo_loss(
         (1.0, 0.313262)
     """
     check_float("logp_chosen", logp_chosen, ndim=1)
-    check_same_shape(
-        "logp_chosen",
-        logp_chosen,
-        logp_rejected=logp_rejected,
-        logp_ref_chosen=logp_ref_chosen,
-        logp_ref_rejected=logp_ref_rejected,
-    )
-    for name, t in (
-        ("logp_rejected", logp_rejected),
-        ("logp_ref_chosen", logp_ref_chosen),
-        ("logp_ref_rejected", logp_ref_rejected),
-    ):
+    others = {
+        "logp_rejected": logp_rejected,
+        "logp_ref_chosen": logp_ref_chosen,
+        "logp_ref_rejected": logp_ref_rejected,
+    }
+    check_same_shape("logp_chosen", logp_chosen, **others)
+    for name, t in others.items():
         check_float(name, t)
     beta = check_positive("beta", beta)
     eps = check_in_range("label_smoothing", label_smoothing, 0.0, 0.5)
-    for name, t in (
-        ("logp_chosen", logp_chosen),
-        ("logp_rejected", logp_rejected),
-        ("logp_ref_chosen", logp_ref_chosen),
-        ("logp_ref_rejected", logp_ref_rejected),
-    ):
+    for name, t in {"logp_chosen": logp_chosen, **others}.items():
         check_finite(name, t.detach())
     chosen = beta * (logp_chosen - logp_ref_chosen)
     rejected = beta * (logp_rejected - logp_ref_rejected)

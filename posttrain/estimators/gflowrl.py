@@ -24,6 +24,7 @@ from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators._registry import register_policy_loss
 from posttrain.estimators.advantages import group_normalized_advantages
 from posttrain.estimators.aggregate import masked_mean, masked_sum
+from posttrain.estimators.ratios import LOG_RATIO_CLAMP
 from posttrain.validate import check_finite, check_float, check_mask, check_positive, check_same_shape
 
 __all__ = [
@@ -202,8 +203,8 @@ def flow_gap(
 
 def _spread_over_tokens(seq_loss: Tensor, lengths: Tensor, valid: Tensor, mask: Tensor) -> Tensor:
     """``[G, K]`` per-sequence losses -> ``[B, T]``: loss / L on each valid token (0 elsewhere)."""
-    per_token = torch.where(valid, seq_loss / lengths.clamp(min=1), torch.zeros((), dtype=seq_loss.dtype))
     zero = torch.zeros((), dtype=seq_loss.dtype, device=seq_loss.device)
+    per_token = torch.where(valid, seq_loss / lengths.clamp(min=1), zero)
     return torch.where(mask, per_token.reshape(-1, 1), zero)
 
 
@@ -318,7 +319,7 @@ def _flowrl_terms(
         check_same_shape("rewards", rewards, r_hat=r_hat)
         check_finite("r_hat", r_hat)
     offset = (sums["logp"] - sums["logp_ref"].detach()) / lengths.clamp(min=1) - beta * r_hat.detach()
-    raw = torch.exp((sums["logp"] - sums["logp_old"]).detach().clamp(-20.0, 20.0))
+    raw = torch.exp((sums["logp"] - sums["logp_old"]).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     return _FlowRLTerms(offset, raw.clamp(1.0 - clip, 1.0 + clip), raw, lengths, valid)
 
 

@@ -26,6 +26,7 @@ from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators._registry import register_policy_loss
 from posttrain.estimators.distill import topk_reverse_kl_reward, zero_off_mask
 from posttrain.estimators.losses import ClipDiagnostics, _check_clip, _masked_with_diagnostics, ppo_clip_objective
+from posttrain.estimators.ratios import LOG_RATIO_CLAMP
 from posttrain.registry import Registry, registry
 from posttrain.validate import (
     check_finite,
@@ -279,7 +280,7 @@ def topk_distill_loss(
     check_mask("mask", mask, logp_k.shape[:2])
     check_nonempty_mask("mask", mask)
     check_finite("advantages_k", zero_off_mask(advantages_k.detach(), mask))
-    lr = zero_off_mask(logp_k - logp_old_k, mask).clamp(-20.0, 20.0)
+    lr = zero_off_mask(logp_k - logp_old_k, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(lr)
     loss, clipped, dual = ppo_clip_objective(
         ratio, advantages_k.detach(), clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip

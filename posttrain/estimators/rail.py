@@ -33,7 +33,7 @@ from torch import Tensor
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators.aggregate import masked_mean
 from posttrain.registry import registry
-from posttrain.validate import check_float, check_mask, check_positive, check_tensor
+from posttrain.validate import check_float, check_mask, check_positive, check_same_shape, check_tensor
 
 __all__ = [
     "ControllerState",
@@ -189,8 +189,29 @@ def controller_fit(
 
     Returns:
         ``[A, D]`` coefficients.
+
+    Raises:
+        ShapeError: ``features`` not a float ``[N, D]``; ``actions`` not an integer ``[N]``; ``gains`` or
+            ``weights`` not a float ``[N]``.
+        DomainError: ``num_actions < 1``, an action outside ``[0, num_actions)``, a negative weight,
+            ``delta <= 0`` or ``ridge < 0``.
     """
     check_float("features", features, ndim=2)
+    check_tensor("actions", actions, ndim=1)
+    if actions.is_floating_point() or actions.dtype == torch.bool:
+        raise ShapeError(f"actions: expected an integer dtype, got {actions.dtype}")
+    if actions.shape[0] != features.shape[0]:
+        raise ShapeError(f"actions: expected shape [{features.shape[0]}] (rows of features), got {list(actions.shape)}")
+    check_float("gains", gains, ndim=1)
+    check_float("weights", weights, ndim=1)
+    check_same_shape("actions", actions, gains=gains, weights=weights)
+    if int(num_actions) < 1:
+        raise DomainError(f"num_actions: expected an integer >= 1, got {num_actions!r}")
+    if actions.numel() and (int(actions.min()) < 0 or int(actions.max()) >= int(num_actions)):
+        raise DomainError(f"actions: expected values in [0, num_actions={int(num_actions)}), got {actions.tolist()}")
+    if weights.numel() and float(weights.min()) < 0:
+        raise DomainError("weights: expected non-negative recency weights")
+    check_positive("delta", delta)
     check_positive("ridge", ridge, strict=False)
     a, d = int(num_actions), features.shape[1]
     y = gains.to(features.dtype)
@@ -198,9 +219,10 @@ def controller_fit(
     fy = features * y.unsqueeze(-1)  # [N, D]
     eye = torch.eye(d, dtype=features.dtype) * (ridge + 1e-12)
     robust = torch.ones_like(y)
+    omega = weights.to(features.dtype)
     coef = torch.zeros(a, d, dtype=features.dtype)
     for _ in range(int(iters) + 1):
-        w = (weights.to(features.dtype) * robust).unsqueeze(-1)
+        w = (omega * robust).unsqueeze(-1)
         xtwx = torch.zeros(a, d * d, dtype=features.dtype).index_add_(0, actions, w * outer).reshape(a, d, d) + eye
         xtwy = torch.zeros(a, d, dtype=features.dtype).index_add_(0, actions, w * fy)
         coef = torch.linalg.solve(xtwx, xtwy.unsqueeze(-1)).squeeze(-1)
@@ -342,8 +364,9 @@ def plan_interventions(
     out_active = torch.zeros(p, j_max, dtype=torch.bool)
     out_explored = torch.zeros(p, j_max, dtype=torch.bool)
     rows = torch.arange(p)
+    costs64 = costs.to(torch.float64)
     for j in range(j_max):
-        feasible = unused.unsqueeze(-1) & (costs.to(torch.float64).view(1, 1, a) <= remaining.view(p, 1, 1))
+        feasible = unused.unsqueeze(-1) & (costs64.view(1, 1, a) <= remaining.view(p, 1, 1))
         u = torch.where(feasible, utility, torch.full_like(utility, -math.inf)).reshape(p, s * a)
         best = u.argmax(dim=-1)
         take = feasible.reshape(p, -1).any(dim=-1) & (u[rows, best] > kappa)
@@ -356,7 +379,7 @@ def plan_interventions(
             st, ac = torch.where(explored, rs, st), torch.where(explored, ra, ac)
         active = take | explored
         out_s[:, j], out_a[:, j], out_active[:, j], out_explored[:, j] = st, ac, active, explored
-        remaining = remaining - torch.where(active, costs.to(torch.float64)[ac], torch.zeros((), dtype=torch.float64))
+        remaining = remaining - torch.where(active, costs64[ac], torch.zeros((), dtype=torch.float64))
         unused[rows, st] = unused[rows, st] & ~active
     return InterventionPlan(out_s, out_a, out_active, out_explored)
 

@@ -218,7 +218,7 @@ class Algorithm:
     """The callables of one method; built by :func:`build_algorithm`, used by the trainer.
 
     Attributes:
-        advantage: ``[G, K]`` rewards (and optionally the mask) -> advantages (see ``advantages``).
+        advantage: the batch -> ``[B, T]`` per-token advantages, 0 off the mask (e.g. from its ``[G, K]`` rewards).
         policy_loss: ``(logp, logp_old, advantages, mask, **needs) -> (loss [B, T], diagnostics)``.
         aggregation: how the ``[B, T]`` loss becomes a scalar.
         horizon: the constant length of ``seq-mean-token-sum-norm`` (``rollout.max_new_tokens``).
@@ -263,10 +263,6 @@ class Algorithm:
     def wants_entropy(self) -> bool:
         """Whether the loss uses the token entropy (otherwise it is computed for logging only)."""
         return self.entropy_coef != 0.0
-
-    def advantages(self, batch: RolloutBatch) -> Float[Tensor, "B T"]:
-        """Per-token advantages for the batch, 0 off the mask."""
-        return self.advantage(batch)
 
     def token_loss(
         self, logp: Float[Tensor, "B T"], entropy: Float[Tensor, "B T"] | None, batch: RolloutBatch
@@ -390,17 +386,12 @@ def build_algorithm(
     _check_options("loss_options", loss_fn, l_opts)
     _check_options("advantage_options", adv_fn, a_opts)
     loss_needs = tuple(n for n in NEEDS_FROM_SIGNATURE if n in inspect.signature(loss_fn).parameters)
-    needs = {"logp_old", *loss_needs}
-    if kl is not None and kl_coef > 0:
-        needs.add("logp_ref")
-    return Algorithm(
+    alg = Algorithm(
         advantage=_sequence_advantage(adv_fn, a_opts),
         policy_loss=functools.partial(loss_fn, **l_opts),
         aggregation=AggregationMode.parse(aggregation or preset.aggregation),
         horizon=int(horizon),
-        kl=kl_fn,
-        kl_coef=float(kl_coef),
-        entropy_coef=float(entropy_coef),
-        needs=frozenset(needs),
+        needs=frozenset({"logp_old", *loss_needs}),
         loss_needs=loss_needs,
     )
+    return _with_penalties(alg, kl_fn, float(kl_coef), float(entropy_coef))

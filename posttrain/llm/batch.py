@@ -9,6 +9,7 @@ are ``rewards.reshape(G, K)``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +117,7 @@ class RolloutBatch:
                 raise ShapeError(
                     f"{name}: expected shape {list(resp.shape)} (the shape of mask), got {list(value.shape)}"
                 )
-            check_finite(name, torch.where(self.mask, value.detach(), torch.zeros((), dtype=value.dtype)))
+            check_finite(name, value, self.mask)
         self._check_topk(tuple(resp.shape))
         if self.prompt_features is not None:
             check_float("prompt_features", self.prompt_features, ndim=2)
@@ -181,19 +182,16 @@ class RolloutBatch:
             raise DomainError(
                 f"rows: [{start}, {stop}) must be a non-empty range of whole groups of {k} in [0, {self.batch_size}]"
             )
-        sl = slice(start, stop)
-        fields: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            fields[f.name] = value[sl] if isinstance(value, Tensor) else value
-        return RolloutBatch(**fields)
+        return self._map(lambda t: t[start:stop])
 
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The batch with every tensor moved to ``device``."""
-        moved = {
-            f.name: (
-                getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), Tensor) else getattr(self, f.name)
-            )
-            for f in dataclasses.fields(self)
-        }
-        return RolloutBatch(**moved)
+        return self._map(lambda t: t.to(device))
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> RolloutBatch:
+        """A batch (validated again) with ``fn`` applied to every tensor field; ``group_size`` and ``None`` kept."""
+        tensors: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if isinstance(value := getattr(self, f.name), Tensor):
+                tensors[f.name] = fn(value)
+        return dataclasses.replace(self, **tensors)

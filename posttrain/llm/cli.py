@@ -111,7 +111,6 @@ def eval_command(
     """Evaluate a checkpoint: unbiased pass@k / mean@k, greedy accuracy, response length, entropy."""
     from posttrain.llm.config import load_config
     from posttrain.llm.evaluate import evaluate
-    from posttrain.llm.generate import SamplingConfig
     from posttrain.llm.run import load_model
     from posttrain.llm.tasks import make_task
 
@@ -124,7 +123,6 @@ def eval_command(
     cfg_path = config or (run_dir / "config.yaml" if run_dir is not None else None)
     cfg = load_config(cfg_path if cfg_path is not None and cfg_path.is_file() else None)
     model, tokenizer = load_model(model_dir, cfg)
-    r = cfg.rollout
     metrics: dict[str, Any] = evaluate(
         model,
         tokenizer,
@@ -133,7 +131,7 @@ def eval_command(
         n_samples=n or max(ks),
         ks=ks,
         seed=cfg.seed,
-        sampling=SamplingConfig(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+        sampling=cfg.rollout.sampling(),
         chat_template=cfg.model.chat_template,
     )
     record = {"checkpoint": str(model_dir), **metrics}

@@ -21,6 +21,9 @@ import yaml
 
 from posttrain.errors import DomainError
 
+if typing.TYPE_CHECKING:
+    from posttrain.llm.generate import SamplingConfig
+
 __all__ = [
     "AlgorithmConfig",
     "BranchingConfig",
@@ -126,6 +129,12 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = 0.3
     replay: ReplayConfig | None = None
     branching: BranchingConfig | None = None
+
+    def sampling(self) -> SamplingConfig:
+        """The engines' :class:`~posttrain.llm.generate.SamplingConfig` of these fields (validated there)."""
+        from posttrain.llm.generate import SamplingConfig
+
+        return SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
 
 
 @dataclass(frozen=True)

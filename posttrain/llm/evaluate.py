@@ -17,7 +17,7 @@ from posttrain.errors import DomainError
 from posttrain.estimators import mean_at_k, pass_at_k
 from posttrain.llm.generate import HFEngine, RolloutEngine, SamplingConfig, token_logprobs
 from posttrain.llm.tasks import Task
-from posttrain.llm.text import decode_responses, encode_prompts
+from posttrain.llm.text import encode_prompts, score_responses
 
 __all__ = ["HELD_OUT_OFFSET", "evaluate", "held_out_problems"]
 
@@ -57,8 +57,7 @@ def evaluate(
     prompts = encode_prompts(tokenizer, [p.prompt for p in problems], chat_template=chat_template)
 
     def rewards_of(r: Any, n: int) -> np.ndarray:
-        texts = decode_responses(tokenizer, r.response_ids, r.mask)
-        return np.array([task.reward(problems[i // n], t) for i, t in enumerate(texts)], dtype=np.float64)
+        return np.array(score_responses(tokenizer, task, problems, r.response_ids, r.mask, n)[0], dtype=np.float64)
 
     sampled = engine.generate(prompts, n=n_samples, seed=seed + HELD_OUT_OFFSET)
     rewards = rewards_of(sampled, n_samples).reshape(n_prompts, n_samples)

@@ -123,7 +123,7 @@ def _positions(attention_mask: Tensor) -> Tensor:
 
 
 def _widened(logits: Tensor) -> Tensor:
-    """Half-precision logits as float32; float32 and float64 ones unchanged (no copy)."""
+    """Half-precision logits (or hidden states) as float32; float32 and float64 ones unchanged (no copy)."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 

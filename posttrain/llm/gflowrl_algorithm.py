@@ -57,7 +57,7 @@ from posttrain.estimators.gflowrl import (
 )
 from posttrain.llm.algorithm import Algorithm, UpdateContext
 from posttrain.llm.batch import RolloutBatch
-from posttrain.llm.generate import _positions
+from posttrain.llm.generate import _positions, _widened
 
 __all__ = [
     "FlowRLStats",
@@ -193,8 +193,7 @@ def prompt_feature_filler(model: Any) -> Callable[[RolloutBatch], Tensor]:
         with torch.no_grad():  # logits_to_keep=1: no [B, P, V] logits, only the hidden states are used
             out = model(input_ids=batch.prompt_ids, attention_mask=attn, position_ids=_positions(attn),
                         output_hidden_states=True, use_cache=False, logits_to_keep=1)  # fmt: skip
-            hidden = out.hidden_states[-1]
-            hidden = hidden.float() if hidden.dtype in (torch.float16, torch.bfloat16) else hidden
+            hidden = _widened(out.hidden_states[-1])
             return masked_mean(hidden, batch.prompt_mask.unsqueeze(-1), dim=1)
 
     return fill

@@ -138,9 +138,8 @@ class BranchingStage:
                 resp.append(prefixes[grp] + cont.response_ids[c][m].tolist())
                 logp.append(base.logp_old[int(row[grp]), :d].tolist() + cont.logp[c][m].tolist())
         ids, mask = right_pad(resp, ctx.pad_id)
-        logp_old = torch.zeros(ids.shape, dtype=base.logp_old.dtype)
-        for i, lp in enumerate(logp):
-            logp_old[i, : len(lp)] = torch.tensor(lp, dtype=base.logp_old.dtype)
+        rows = [torch.tensor(lp, dtype=base.logp_old.dtype) for lp in logp]  # same lengths as resp
+        logp_old = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=0.0)
         rewards = ctx.score(ids, mask, k)
         first = torch.arange(g, device=base.mask.device) * k0  # a group's K rows share its first base row's prompt
         dev = base.mask.device

@@ -22,7 +22,7 @@ import yaml
 
 from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import RunConfig, config_to_dict
-from posttrain.llm.generate import HFEngine, RolloutEngine, SamplingConfig, token_logprobs
+from posttrain.llm.generate import HFEngine, RolloutEngine, token_logprobs
 from posttrain.llm.gflowrl_algorithm import prompt_feature_filler
 from posttrain.llm.parallel import wrap_frozen, wrap_model
 from posttrain.llm.sinks import metric_sinks
@@ -46,18 +46,13 @@ def load_model(path: str | Path, cfg: RunConfig) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _sampling(cfg: RunConfig) -> SamplingConfig:
-    r = cfg.rollout
-    return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
-
-
 def _hf_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
     sharded = cfg.distributed.strategy == "fsdp" and dist.is_available() and dist.is_initialized()
     return HFEngine(
         model,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        sampling=_sampling(cfg),
+        sampling=cfg.rollout.sampling(),
         synced_gpus=sharded,
     )
 
@@ -67,7 +62,7 @@ def _vllm_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) ->
 
     return VLLMEngine(
         model_dir,
-        sampling=_sampling(cfg),
+        sampling=cfg.rollout.sampling(),
         seed=cfg.seed,
         dtype=cfg.model.dtype,
         eos_id=tokenizer.eos_token_id,

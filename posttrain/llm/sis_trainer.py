@@ -35,26 +35,15 @@ from posttrain.estimators import masked_mean
 from posttrain.estimators.sis import sis_divergence, sis_logp_old, sis_rejection_test, token_in_topk
 from posttrain.llm.algorithm import Algorithm, UpdateContext, build_algorithm
 from posttrain.llm.batch import RolloutBatch
+from posttrain.llm.topk_fill import vocab_log_softmax
 
 __all__ = ["response_log_probs", "sis_algorithm", "sis_before_update"]
 
 
 def response_log_probs(model: Any, batch: RolloutBatch, temperature: float) -> Tensor:
     """``[B, T, V]`` log-softmax of the logits predicting each response token (no grad)."""
-    t = batch.response_ids.shape[1]
-    attn = batch.attention_mask().long()
-    positions = (attn.cumsum(dim=-1) - 1).clamp(min=0)
     with torch.no_grad():
-        out = model(
-            input_ids=batch.input_ids(),
-            attention_mask=attn,
-            position_ids=positions,
-            use_cache=False,
-            logits_to_keep=t + 1,
-        )
-        logits = out.logits[:, :-1]
-        logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits  # as token_logprobs
-        return torch.log_softmax(logits / temperature, dim=-1)
+        return vocab_log_softmax(model, batch, temperature=temperature)
 
 
 SisState = tuple[Tensor, Tensor]

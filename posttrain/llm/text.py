@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-__all__ = ["decode_responses", "encode_prompts", "right_pad"]
+__all__ = ["decode_responses", "encode_prompts", "right_pad", "score_responses"]
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str], *, chat_template: bool = False) -> list[list[int]]:
@@ -29,6 +29,19 @@ def decode_responses(tokenizer: Any, response_ids: Int[Tensor, "B T"], mask: Boo
         tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
         for row, m in zip(response_ids.cpu(), mask.cpu(), strict=True)
     ]
+
+
+def score_responses(
+    tokenizer: Any,
+    task: Any,
+    problems: Sequence[Any],
+    response_ids: Int[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    n: int,
+) -> tuple[list[float], list[str]]:
+    """Task rewards and texts of group-major responses, ``n`` per problem (row ``i`` answers ``problems[i // n]``)."""
+    texts = decode_responses(tokenizer, response_ids, mask)
+    return [float(task.reward(problems[i // n], t)) for i, t in enumerate(texts)], texts
 
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor, "B T"], Bool[Tensor, "B T"]]:

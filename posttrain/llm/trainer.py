@@ -40,7 +40,7 @@ from posttrain.llm import checkpoint
 from posttrain.llm.algorithm import Algorithm, UpdateContext, normaliser, update_seed
 from posttrain.llm.batch import RolloutBatch
 from posttrain.llm.config import RunConfig
-from posttrain.llm.generate import RolloutEngine, SamplingConfig, token_logprobs
+from posttrain.llm.generate import RolloutEngine, token_logprobs
 from posttrain.llm.optimization import make_optimizer, make_scheduler, module_parameters
 from posttrain.llm.parallel import (
     average_gradients,
@@ -52,7 +52,7 @@ from posttrain.llm.parallel import (
 from posttrain.llm.stages import RolloutStage, StepContext
 from posttrain.llm.step_log import policy_cost, step_flops, step_metrics
 from posttrain.llm.tasks import Problem, Task
-from posttrain.llm.text import decode_responses, encode_prompts
+from posttrain.llm.text import decode_responses, encode_prompts, score_responses
 
 __all__ = ["Trainer", "make_optimizer", "make_scheduler", "policy_cost"]
 
@@ -152,8 +152,7 @@ class Trainer:
 
     def _score(self, problems: list[Problem], ids: Tensor, mask: Tensor, n: int) -> tuple[Tensor, list[str]]:
         """Rewards ``[B]`` and texts of group-major responses, ``n`` per problem."""
-        texts = decode_responses(self.tokenizer, ids, mask)
-        rewards = [self.task.reward(problems[i // n], t) for i, t in enumerate(texts)]
+        rewards, texts = score_responses(self.tokenizer, self.task, problems, ids, mask, n)
         return torch.tensor(rewards, dtype=torch.float32), texts
 
     def prepare(self, batch: RolloutBatch) -> RolloutBatch:
@@ -163,7 +162,7 @@ class Trainer:
             if getattr(batch, need) is None:
                 with torch.no_grad():
                     batch = batch.replace(**{need: self.fillers[need](batch)})
-        return batch.replace(advantages=alg.advantages(batch))
+        return batch.replace(advantages=alg.advantage(batch))
 
     # ---------------------------------------------------------------- log-probs + loss
     def micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
@@ -319,8 +318,7 @@ class Trainer:
         """Held-out metrics of the current policy (see :func:`posttrain.llm.evaluate.evaluate`)."""
         from posttrain.llm.evaluate import evaluate
 
-        r = self.cfg.rollout
-        sampling = SamplingConfig(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+        sampling = self.cfg.rollout.sampling()
         return evaluate(
             self.policy, self.tokenizer, self.task, n_prompts=self.cfg.data.eval_prompts,
             n_samples=self.cfg.logging.eval_samples, ks=ks, seed=self.cfg.seed, sampling=sampling,

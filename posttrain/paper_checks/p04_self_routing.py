@@ -148,15 +148,17 @@ def _train(config: Config, env: _Env, router: list[str], marginal: Tensor | None
     with torch.no_grad():
         score = theta.softmax(-1).gather(-1, true.unsqueeze(-1))[..., 0]  # [R*S, G]
     hist = route_masks(torch.stack(route_log)).to(torch.float64)  # [4, steps, R*S, G]
+
+    def by_type(h: Tensor) -> Tensor:  # recipe shares per prompt type, [R, S, types, 4]
+        shares = torch.stack([h[..., env.kind == t].mean((1, 3)) for t in range(len(TYPES))])
+        return shares.permute(2, 0, 1).reshape(n_r, n_s, len(TYPES), len(RECIPES))
+
     return {
         "score": score.mean(-1).reshape(n_r, n_s),
         "marginal": hist.mean((1, 3)).T.reshape(n_r, n_s, len(RECIPES)),
-        "by_type": torch.stack([hist[..., env.kind == t].mean((1, 3)) for t in range(len(TYPES))]).permute(2, 0, 1)
-        .reshape(n_r, n_s, len(TYPES), len(RECIPES)),
-        "early_by_type": torch.stack(
-            [hist[:, : config.early_steps][..., env.kind == t].mean((1, 3)) for t in range(len(TYPES))]
-        ).permute(2, 0, 1).reshape(n_r, n_s, len(TYPES), len(RECIPES)),
-    }  # fmt: skip
+        "by_type": by_type(hist),
+        "early_by_type": by_type(hist[:, : config.early_steps]),
+    }
 
 
 def run(config: Config) -> Result:

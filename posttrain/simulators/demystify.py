@@ -1,9 +1,10 @@
 r"""Controlled RLVR settings of paper 06 (Clay et al. 2026, arXiv:2608.24949): rewards, prior mass, envs.
 
 - Rewards (Appendix C, D of the paper): the sparse target reward with an anti-rambling penalty, the
-  dense edit-distance (Levenshtein) reward, the exponential process reward of the AIME problem and
-  spurious uniform rewards. All batched over leading dimensions; the edit distance is a DP over
-  one string's positions with each row solved in closed form by a cumulative minimum.
+  dense edit-distance (Levenshtein) reward and the exponential process reward of the AIME problem
+  (the check draws its spurious ``U[0, 1]`` rewards from its own per-seed streams). All batched over
+  leading dimensions; the edit distance is a DP over one string's positions with each row solved in
+  closed form by a cumulative minimum.
 - :func:`prior_mass`: the sampled estimate of :math:`m(\pi) = P(\tau \in y)` with its binomial SE.
 - :class:`TargetTask`: a Markov tabular policy (position and previous token) and one target
   sequence, with the exact target probability and the SFT+/SFT- edits (gradient steps on
@@ -33,7 +34,6 @@ __all__ = [
     "edit_distance",
     "prior_mass",
     "process_reward",
-    "random_rewards",
     "sparse_target_reward",
 ]
 
@@ -166,11 +166,6 @@ def process_reward(
     base = torch.where(answer == correct, 1.0, base)
     penalty = 0.3 * (looped & (answer != correct)).to(torch.float64) + 0.5 * (~boxed).to(torch.float64)
     return (base - penalty).clamp_min(0.0)
-
-
-def random_rewards(shape: tuple[int, ...], *, generator: torch.Generator) -> Float[Tensor, ...]:
-    """Spurious rewards: i.i.d. ``U[0, 1]``, independent of prompt and response."""
-    return torch.rand(shape, generator=generator, dtype=torch.float64)
 
 
 def prior_mass(hits: Bool[Tensor, "... N"]) -> tuple[Tensor, Tensor]:

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
+from posttrain.simulators._base import SeedRNG
 
 __all__ = [
     "ChainSpec",
@@ -95,7 +96,7 @@ def sample_rollouts(
     chain then wins a lottery with probability ``1/p``.
     """
     r, m = types.shape
-    u = torch.stack([torch.rand(m, spec.max_len + 2, generator=g, dtype=torch.float64) for g in gens])  # [R, M, L+2]
+    u = SeedRNG(tuple(gens)).rand(m, spec.max_len + 2)  # [R, M, L+2], row r from gens[r]
     pi = routing(params).detach()[torch.arange(r)[:, None], types]  # [R, M, 2]
     strategies = (u[..., 0] >= pi[..., 0]).long()  # F with probability pi(F | tau)
     ps = step_success({k: v.detach() for k, v in params.items()}, spec)  # [R, 2, Lmax]
@@ -198,7 +199,7 @@ def train_grpo_routing(
     low, width = rng[:, :1], rng[:, 1:] - rng[:, :1] + 1
     shares = []
     for _ in range(steps):
-        u = torch.stack([torch.rand(2, batch, generator=g, dtype=torch.float64) for g in gens])  # [R, 2, B]
+        u = SeedRNG(tuple(gens)).rand(2, batch)  # [R, 2, B]
         types = (u[:, 0] >= w_eval[:, None].double()).long().repeat_interleave(group, dim=1)  # [R, B*G]
         length = (low + (u[:, 1] * width).long()).repeat_interleave(group, dim=1)
         strategies, fail, correct = sample_rollouts(p, spec, types, length, gens)

@@ -8,10 +8,14 @@ from posttrain.llm.config import config_from_dict
 
 
 def small_config(
-    *, algorithm: dict[str, Any] | None = None, rollout: dict[str, Any] | None = None, **optim: Any
+    *,
+    algorithm: dict[str, Any] | None = None,
+    rollout: dict[str, Any] | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    **optim: Any,
 ) -> Any:
     """4 prompts x 4 samples, 3 new tokens, 2 SFT steps; ``rollout`` entries (e.g. ``replay``) are added;
-    ``optim`` entries override ``steps=2, lr=1e-3``."""
+    ``checkpoint`` replaces ``every=0`` (no checkpoints); ``optim`` entries override ``steps=2, lr=1e-3``."""
     return config_from_dict({
         "model": {"tiny": {"num_hidden_layers": 1}},
         "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": 4, "sft_steps": 2,
@@ -19,7 +23,7 @@ def small_config(
         "rollout": {"group_size": 4, "max_new_tokens": 3, **(rollout or {})},
         "algorithm": algorithm or {"method": "grpo"},
         "optim": {"steps": 2, "lr": 1e-3, **optim},
-        "checkpoint": {"every": 0}, "logging": {"progress": False},
+        "checkpoint": checkpoint or {"every": 0}, "logging": {"progress": False},
     })  # fmt: skip
 
 

@@ -42,7 +42,7 @@ def test_kdrl_and_trrd_declare_the_teacher_and_match_the_estimators() -> None:
     d = opd_token_advantages(batch.logp_teacher, batch.logp_old, batch.mask, teacher_mask=eos_teacher_mask(batch.mask))
     alg = build_algorithm(method="grpo", horizon=5, loss="opd", loss_options={"beta": 0.2, "mask_final_token": True})
     assert "logp_teacher" in alg.needs
-    prepared = batch.replace(advantages=alg.advantages(batch))
+    prepared = batch.replace(advantages=alg.advantage(batch))
     loss, _ = alg.token_loss(logp, None, prepared)
     want, _ = clipped_ratio_loss(logp, batch.logp_old, kdrl_advantages(a_hat, d, batch.mask, beta=0.2), batch.mask)
     assert torch.allclose(loss, want, atol=1e-6)

@@ -81,38 +81,17 @@ def test_trainer_runs_and_resumes_with_muon(tmp_path) -> None:  # type: ignore[n
     """`optim.name: MuonWithAdamW` is selectable in a run config; a resumed run matches an uninterrupted one."""
     import json
 
-    from posttrain.llm.config import config_from_dict
     from posttrain.llm.optimizers import MuonWithAdamW
     from posttrain.llm.run import build_trainer
+    from tests.llm._lift import small_config
 
-    raw = {
-        "model": {"tiny": {"num_hidden_layers": 1}},
-        "data": {
-            "task": "addition",
-            "options": {"digits": 1},
-            "prompts_per_step": 4,
-            "sft_steps": 2,
-            "sft_batch_size": 8,
-            "sft_lr": 1e-3,
-            "eval_prompts": 4,
-        },
-        "rollout": {"group_size": 4, "max_new_tokens": 3},
-        "algorithm": {"method": "grpo"},
-        "optim": {
-            "steps": 3,
-            "lr": 0.01,
-            "name": "MuonWithAdamW",
-            "options": {"adamw_lr": 1e-3},
-            "scheduler": "constant",
-        },
-        "checkpoint": {"every": 1, "keep": 3},
-        "logging": {"progress": False},
-    }
-    cfg = config_from_dict(raw)
+    optim = {"lr": 0.01, "name": "MuonWithAdamW", "options": {"adamw_lr": 1e-3}, "scheduler": "constant"}
+    checkpoint = {"every": 1, "keep": 3}
+    cfg = small_config(checkpoint=checkpoint, steps=3, **optim)
     full = build_trainer(cfg, tmp_path / "full")
     assert isinstance(full.optimizer, MuonWithAdamW)
     full.fit()
-    part = build_trainer(config_from_dict({**raw, "optim": {**raw["optim"], "steps": 2}}), tmp_path / "part")
+    part = build_trainer(small_config(checkpoint=checkpoint, steps=2, **optim), tmp_path / "part")
     part.fit()
     resumed = build_trainer(cfg, tmp_path / "part", resume=True)
     resumed.fit()

@@ -41,7 +41,7 @@ def test_switch_happens_exactly_at_the_rules_index() -> None:
         phase = alg.at(n + 1, SCORES[:n])
         teacher = n <= switch  # the plateau is visible once score `switch` is logged
         assert ("logp_teacher" in phase.needs) is teacher
-        torch.testing.assert_close(phase.advantages(batch), opd if teacher else grpo, rtol=0, atol=0)
+        torch.testing.assert_close(phase.advantage(batch), opd if teacher else grpo, rtol=0, atol=0)
         assert phase.before_update is not None
         _, _, metrics = phase.before_update(batch, None, None)  # type: ignore[arg-type]
         assert float(metrics["opd_then_rl/teacher_phase"]) == float(teacher)

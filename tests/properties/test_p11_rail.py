@@ -144,3 +144,26 @@ def test_utility_prefers_cheaper_actions_and_heuristic_takes_max_entropy() -> No
     ent = torch.tensor([[0.1, 0.7, 0.3], [0.9, 0.2, 0.95]])
     valid = torch.tensor([[True, True, True], [True, True, False]])
     assert entropy_heuristic_states(ent, valid).tolist() == [1, 0]
+
+
+def test_fit_rejects_bad_input_naming_the_argument() -> None:
+    import pytest
+
+    from posttrain.errors import DomainError, ShapeError
+
+    x, acts, y, w = torch.randn(5, 2), torch.tensor([0, 1, 0, 1, 2]), torch.randn(5), torch.ones(5)
+    controller_fit(x, acts, y, w, 3)  # valid
+    cases = [
+        ((x, acts.float(), y, w, 3), ShapeError, "actions"),
+        ((x, acts[:4], y, w, 3), ShapeError, "actions"),
+        ((x, acts, y[:4], w, 3), ShapeError, "gains"),
+        ((x, acts, y, w.long(), 3), ShapeError, "weights"),
+        ((x, acts, y, w, 2), DomainError, "actions"),
+        ((x, acts, y, -w, 3), DomainError, "weights"),
+        ((x, acts, y, w, 0), DomainError, "num_actions"),
+    ]
+    for args, error, name in cases:
+        with pytest.raises(error, match=name):
+            controller_fit(*args)
+    with pytest.raises(DomainError, match="delta"):
+        controller_fit(x, acts, y, w, 3, delta=0.0)

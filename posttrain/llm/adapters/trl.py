@@ -15,7 +15,7 @@ the usual ``GRPOTrainer`` arguments plus
 - ``sis_top_k``: selective importance sampling (Li et al. 2026, arXiv:2607.04728) on top of the policy
   loss: at generation one no-grad forward stores the behaviour's top-K token ids and log-probs with the
   batch; every loss computation runs one more no-grad forward of the current policy, accepts tokens by
-  :func:`~posttrain.estimators.sis.sis_acceptance_prob` (uniforms from the trainer's own generator,
+  :func:`~posttrain.estimators.sis.sis_rejection_test` (uniforms from the trainer's own generator,
   seeded by ``args.seed``) and feeds :func:`sis_effective_logp_old` to the loss. It only matters when
   updates are off-policy (``num_iterations > 1`` or ``steps_per_generation`` > accumulation steps).
 
@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import ADVANTAGES, POLICY_LOSSES, AggregationMode, aggregate, k3_kl
-from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, sis_logp_old, token_in_topk
+from posttrain.estimators import ADVANTAGES, POLICY_LOSSES, AggregationMode, aggregate, k3_kl, masked_mean
+from posttrain.estimators.sis import sis_logp_old, sis_rejection_test, token_in_topk
 
 __all__ = [
     "completion_log_probs",
@@ -183,7 +183,8 @@ def sis_effective_logp_old(
     r"""SIS inside TRL: the rejection test, then :func:`~posttrain.estimators.sis.sis_logp_old`.
 
     Accept token :math:`t` with probability :math:`\mathbb 1[y_t\in\mathrm{topK}_\mu]\min(1, \rho_t/M_t)`
-    (:func:`~posttrain.estimators.sis.sis_acceptance_prob`, ``u`` the uniforms); returns
+    (:func:`~posttrain.estimators.sis.sis_rejection_test`, the trainer hook's one-pass test; ``u`` the
+    uniforms); returns
     ``(logp_old_eff [B, T], accepted [B, T])``, so any ratio loss on ``logp_old_eff`` is its SIS version.
 
     Args:
@@ -193,8 +194,8 @@ def sis_effective_logp_old(
         u: ``[B, T]`` Uniform(0, 1) draws.
     """
     cur_topk = cur_logp_full.gather(-1, topk_ids)
-    accept = sis_acceptance_prob(logp, logp_old, cur_topk, old_topk_logp, token_in_topk(completion_ids, topk_ids))
-    accepted = sis_accept(accept, u) & mask
+    in_topk = token_in_topk(completion_ids, topk_ids)
+    accepted = sis_rejection_test(logp, logp_old, cur_topk, old_topk_logp, in_topk, u) & mask
     return sis_logp_old(logp, logp_old, accepted), accepted
 
 
@@ -299,7 +300,7 @@ def grpo_trainer_class() -> type:
                     logp, old, completion_ids, inputs["posttrain_sis_topk_ids"],
                     inputs["posttrain_sis_topk_logp"], full, mask, u,
                 )  # fmt: skip
-                metrics["posttrain/sis_accept_rate"].append(float(accepted.sum() / mask.sum().clamp(min=1)))
+                metrics["posttrain/sis_accept_rate"].append(float(masked_mean(accepted.to(logp.dtype), mask)))
             loss, diag = trl_policy_loss(
                 logp,
                 old,
