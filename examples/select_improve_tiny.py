@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from posttrain.llm.generate import HFEngine, SamplingConfig
-from posttrain.llm.tasks import Problem, Task, make_task
-from posttrain.llm.text import decode_responses, encode_prompts
+from posttrain.llm.rollout.engine import HFEngine, SamplingConfig
+from posttrain.llm.rollout.tasks import Problem, Task, make_task
+from posttrain.llm.rollout.text import decode_responses, encode_prompts
 from posttrain.theory.select_improve import StrategyTable, decompose_rollouts, strategy_table
 
 STRATEGIES = ("direct", "scaled", "other")

@@ -21,7 +21,16 @@ from posttrain.validate import (
     value_checks_enabled,
 )
 
-__all__ = ["AggregationMode", "aggregate", "masked_mean", "masked_sum", "masked_whiten"]
+__all__ = [
+    "AggregationMode",
+    "aggregate",
+    "global_aggregate",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "normaliser",
+    "weighted_sum",
+]
 
 
 class AggregationMode(str, Enum):
@@ -133,6 +142,56 @@ def masked_whiten(
     return centred * torch.rsqrt(var + eps)
 
 
+def normaliser(
+    mask: Bool[Tensor, "B T"],
+    mode: AggregationMode | str,
+    *,
+    horizon: float | None = None,
+    tokens: int | Tensor | None = None,
+    rows: int | Tensor | None = None,
+) -> Float[Tensor, ""]:
+    r"""The denominator :math:`Z` of :func:`aggregate` as a 0-d float64 tensor.
+
+    Every mode is :math:`\mathrm{agg} = \sum_i w_i \sum_t m_{it} L_{it} / Z` with per-row weights
+    :math:`w_i` that depend on the row alone (:math:`1/n_i` for ``seq-mean-token-mean``, else 1,
+    see :func:`weighted_sum`) and, with :math:`N` valid tokens and :math:`S` non-empty rows:
+
+    - ``token-mean``: :math:`Z = N`; ``token-sum``: :math:`Z = 1`;
+    - ``seq-mean-token-mean``, ``seq-mean-token-sum``: :math:`Z = S`; ``seq-mean-token-sum-norm``: :math:`Z = S H`.
+
+    So for rows split into micro-batches or data-parallel ranks :math:`b`,
+    :math:`\mathrm{agg}(\text{all}) = \sum_b \mathrm{agg}(b)\,Z_b / Z`. ``tokens`` (:math:`N`) and
+    ``rows`` (:math:`S`) replace the local counts by those of a global batch; ``horizon``
+    (:math:`H`) defaults to the padded length ``T``. Counts are clamped to at least 1.
+
+    Example:
+        >>> m = torch.tensor([[True, True, False], [True, True, True]])
+        >>> [float(normaliser(m, x, horizon=4)) for x in ("token-mean", "seq-mean-token-sum-norm", "token-sum")]
+        [5.0, 8.0, 1.0]
+    """
+    m = AggregationMode.parse(mode)
+    if m is AggregationMode.TOKEN_SUM:
+        return torch.ones((), dtype=torch.float64, device=mask.device)
+    if m is AggregationMode.TOKEN_MEAN:
+        n = mask.count_nonzero() if tokens is None else torch.as_tensor(tokens, device=mask.device)
+        return n.double().clamp(min=1)
+    s = mask.any(dim=-1).count_nonzero() if rows is None else torch.as_tensor(rows, device=mask.device)
+    s = s.double().clamp(min=1)
+    if m is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM:
+        return s * float(mask.shape[-1] if horizon is None else horizon)
+    return s
+
+
+def weighted_sum(
+    values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], mode: AggregationMode | str
+) -> Float[Tensor, ""]:
+    r"""The numerator of :func:`aggregate`: :math:`\sum_i w_i \sum_t m_{it} L_{it}`, :math:`w_i = 1/n_i`
+    for ``seq-mean-token-mean`` (fully masked rows contribute 0), else 1."""
+    if AggregationMode.parse(mode) is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
+        return (masked_sum(values, mask, dim=-1) / _count(mask, -1, values.dtype).clamp(min=1)).sum()
+    return masked_sum(values, mask)
+
+
 def aggregate(
     values: Float[Tensor, "B T"],
     mask: Bool[Tensor, "B T"],
@@ -178,18 +237,61 @@ def aggregate(
     check_mask("mask", mask, values.shape)
     m = AggregationMode.parse(mode)
     h = values.shape[-1] if horizon is None else int(check_positive("horizon", horizon))
-    n_valid = mask.count_nonzero()
-    if value_checks_enabled() and int(n_valid) == 0:
+    if value_checks_enabled() and int(mask.count_nonzero()) == 0:
         raise DomainError("mask: the mask selects no position; at least one token is required")
-    if m is AggregationMode.TOKEN_MEAN:
-        return masked_sum(values, mask) / n_valid.clamp(min=1).to(values.dtype)
-    if m is AggregationMode.TOKEN_SUM:
-        return masked_sum(values, mask)
-    row_sum = masked_sum(values, mask, dim=-1)
-    counts = _count(mask, -1, values.dtype)
-    n_rows = counts.count_nonzero().clamp(min=1).to(values.dtype)
-    if m is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
-        return (row_sum / counts.clamp(min=1)).sum() / n_rows
-    if m is AggregationMode.SEQ_MEAN_TOKEN_SUM:
-        return row_sum.sum() / n_rows
-    return row_sum.sum() / (n_rows * h)
+    return weighted_sum(values, mask, m) / normaliser(mask, m, horizon=h).to(values.dtype)
+
+
+def global_aggregate(
+    values: Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    mode: AggregationMode | str,
+    *,
+    dp_size: int = 1,
+    batch_num_tokens: int | Tensor | None = None,
+    global_batch_size: int | Tensor | None = None,
+    loss_scale_factor: float | None = None,
+) -> Float[Tensor, ""]:
+    r"""One data-parallel rank's share of :func:`aggregate` over the global batch.
+
+    With :math:`D` = ``dp_size``, :math:`N` = ``batch_num_tokens`` (valid tokens of the global batch),
+    :math:`S` = ``global_batch_size`` (its non-empty sequences), :math:`H` = ``loss_scale_factor``
+    (default the padded length ``T``), :math:`n_i` the valid tokens of local row :math:`i`:
+
+    - ``token-mean``: :math:`D\sum m L / N`;  ``token-sum``: :math:`D\sum m L`
+    - ``seq-mean-token-mean``: :math:`\frac{D}{S}\sum_i \frac{1}{n_i}\sum_t m L`
+    - ``seq-mean-token-sum``: :math:`\frac{D}{S}\sum_i\sum_t m L`;  ``-norm``: that divided by :math:`H`
+
+    so the mean over ranks (what data-parallel gradient averaging computes) is the full-batch
+    :func:`aggregate`. Missing ``N`` / ``S`` default to the local counts, so with
+    ``dp_size=1`` and no global facts this *is* ``aggregate`` (verl's ``agg_loss`` convention).
+
+    Args:
+        values: ``[B, T]`` per-token loss. mask: ``[B, T]`` boolean.
+        mode: an :class:`AggregationMode` or verl's ``loss_agg_mode`` string
+            (the names are the same).
+        dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: verl's ``global_batch_info``.
+
+    Raises:
+        DomainError: unknown mode; ``dp_size > 1`` without the global count the mode needs.
+
+    Example:
+        >>> v = torch.tensor([[1., 1., 0., 0.], [2., 2., 2., 2.]])
+        >>> m = torch.tensor([[True, True, False, False], [True] * 4])
+        >>> round(float(global_aggregate(v, m, "token-mean")), 4)  # one rank: aggregate
+        1.6667
+        >>> ranks = [global_aggregate(v[i : i + 1], m[i : i + 1], "token-mean", dp_size=2, batch_num_tokens=6) for i in (0, 1)]
+        >>> round(float(sum(ranks) / 2), 4)  # two ranks, averaged as DDP averages gradients
+        1.6667
+    """
+    check_float("values", values, ndim=2)
+    check_mask("mask", mask, values.shape)
+    m = AggregationMode.parse(mode)
+    d = int(check_positive("dp_size", dp_size))
+    needs = "batch_num_tokens" if m is AggregationMode.TOKEN_MEAN else "global_batch_size"
+    given = batch_num_tokens if m is AggregationMode.TOKEN_MEAN else global_batch_size
+    if d > 1 and given is None and m is not AggregationMode.TOKEN_SUM:
+        raise DomainError(f"{needs}: required with dp_size = {d} > 1 for loss_agg_mode {m.value!r}")
+    h = None if loss_scale_factor is None else check_positive("loss_scale_factor", loss_scale_factor)
+    z = normaliser(mask, m, horizon=h, tokens=batch_num_tokens, rows=global_batch_size)
+    return weighted_sum(values, mask, m) * d / z.to(values.dtype)

@@ -14,9 +14,9 @@ dtype; update directions are accumulated tensor by tensor in that precision. Str
 between devices (CPU and CUDA generators are different algorithms): pick one device per run.
 
 A tensor's noise is drawn from its one generator in consecutive flat chunks of
-:data:`NOISE_CHUNK` elements (:func:`noise_chunks`), so the in-place operations (:func:`perturb_`,
-:func:`restore_`, :func:`apply_es_step_`) hold one or two chunk-sized buffers, whatever the size of
-the largest parameter. On CPU the chunked stream is bit-identical to one ``torch.randn`` of the
+:data:`NOISE_CHUNK` elements (:func:`noise_chunks`), so the in-place operations on a model's
+parameters (:mod:`posttrain.llm.es.params`) hold one or two chunk-sized buffers, whatever the size
+of the largest parameter. On CPU the chunked stream is bit-identical to one ``torch.randn`` of the
 whole tensor (the artifact's draw), which the tests check.
 
 The step follows the papers: :math:`\theta^+ = \theta + \alpha \frac1P\sum_i w_i s_i\varepsilon_{k_i}`
@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from enum import Enum
 from typing import NamedTuple
 
 import torch
@@ -43,27 +42,29 @@ from posttrain.validate import check_finite, check_float, check_positive, check_
 
 __all__ = [
     "NOISE_CHUNK",
+    "NOISE_TAIL",
+    "REWARD_SHAPINGS",
     "EsPopulation",
     "EsState",
     "EvolutionStrategy",
     "Params",
-    "RewardShaping",
     "antithetic_gradient",
     "antithetic_population",
-    "apply_es_step_",
     "centered_rank_rewards",
+    "check_params",
+    "check_population",
+    "chunk_spans",
     "es_direction",
     "es_gradient",
     "es_step",
     "evolution_strategy",
+    "member_coefficients",
     "noise_chunks",
-    "perturb_",
+    "noise_dtype",
     "perturbed_params",
-    "population_forward",
     "population_noise",
+    "raw_rewards",
     "relative_drift",
-    "restore_",
-    "roundtrip_",
     "seeded_noise",
     "shape_rewards",
     "tensor_seed",
@@ -76,15 +77,7 @@ Params = Mapping[str, Tensor]
 _MASK64 = (1 << 64) - 1
 NOISE_CHUNK = 1 << 14
 """Elements per noise chunk (64 KiB of float32): the bound on the in-place operations' temporaries."""
-_TAIL = 16  # CPU normal_ transforms blocks of 16 and redraws a shorter tail: a last chunk is >= 16 long
-
-
-class RewardShaping(str, Enum):
-    """How member rewards become update weights."""
-
-    ZSCORE = "zscore"  # (R - mean) / (population std + eps); Qiu et al. 2025, Ba et al. 2026
-    CENTERED_RANKS = "centered_ranks"  # ranks scaled to [-1/2, 1/2]; Salimans et al. 2017
-    NONE = "none"  # raw rewards (the score-function estimator up to 1/sigma)
+NOISE_TAIL = 16  # CPU normal_ transforms blocks of 16 and redraws a shorter tail: a last chunk is >= 16 long
 
 
 class EsPopulation(NamedTuple):
@@ -121,7 +114,7 @@ def tensor_seed(seed: int, name: str, *, mix_names: bool = True) -> int:
     return (int(seed) ^ digest) & _MASK64
 
 
-def _noise_dtype(dtype: torch.dtype) -> torch.dtype:
+def noise_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -152,19 +145,19 @@ def seeded_noise(
         >>> bool((seeded_noise(3, "w", (2, 2)) == seeded_noise(3, "w", (2, 2))).all())
         True
     """
-    out = torch.empty(tuple(shape), dtype=_noise_dtype(dtype), device=device)
+    out = torch.empty(tuple(shape), dtype=noise_dtype(dtype), device=device)
     flat, gen = out.view(-1), _generator(seed, name, device, mix_names)
-    for start, stop in _chunk_spans(flat.numel(), NOISE_CHUNK):
+    for start, stop in chunk_spans(flat.numel(), NOISE_CHUNK):
         flat[start:stop].normal_(generator=gen)  # the chunks of noise_chunks, drawn in place
     return out
 
 
-def _chunk_spans(numel: int, chunk: int) -> list[tuple[int, int]]:
+def chunk_spans(numel: int, chunk: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive ``chunk``-long spans of ``numel``; a last one shorter than 16 joins the one before."""
-    if chunk < _TAIL or chunk % _TAIL:
-        raise DomainError(f"chunk: expected a positive multiple of {_TAIL}, got {chunk}")
+    if chunk < NOISE_TAIL or chunk % NOISE_TAIL:
+        raise DomainError(f"chunk: expected a positive multiple of {NOISE_TAIL}, got {chunk}")
     starts = list(range(0, numel, chunk))
-    if len(starts) > 1 and numel - starts[-1] < _TAIL:
+    if len(starts) > 1 and numel - starts[-1] < NOISE_TAIL:
         starts.pop()
     return list(itertools.pairwise([*starts, numel]))
 
@@ -197,15 +190,15 @@ def noise_chunks(
         >>> [len(v) for v in parts], bool(torch.equal(torch.cat(parts), seeded_noise(3, "w", (40,))))
         ([16, 24], True)
     """
-    spans = _chunk_spans(numel, chunk)
+    spans = chunk_spans(numel, chunk)
     gen = _generator(seed, name, device, mix_names)
     width = max((b - a for a, b in spans), default=0)
-    buf = torch.empty(width, dtype=_noise_dtype(dtype), device=device) if out is None else out
+    buf = torch.empty(width, dtype=noise_dtype(dtype), device=device) if out is None else out
     for start, stop in spans:
         yield start, stop, buf[: stop - start].normal_(generator=gen)
 
 
-def _check_population(population: EsPopulation) -> EsPopulation:
+def check_population(population: EsPopulation) -> EsPopulation:
     seeds = check_tensor("population.seeds", population.seeds, ndim=1)
     signs = check_float("population.signs", population.signs, ndim=1)
     if seeds.is_floating_point() or seeds.dtype == torch.bool:
@@ -231,7 +224,7 @@ def population_noise(
     One generator per seed is unavoidable (each member's stream is defined by its own seed); the
     loop over members only draws noise, everything downstream is batched.
     """
-    _check_population(population)
+    check_population(population)
     noise = torch.stack(
         [
             seeded_noise(int(s), name, shape, dtype=dtype, device=device, mix_names=mix_names)
@@ -297,19 +290,21 @@ def centered_rank_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
     return ranks / (p - 1) - 0.5
 
 
+def raw_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
+    """The rewards unchanged (checked): the score-function estimator up to :math:`1/\\sigma`."""
+    return _check_rewards(rewards)
+
+
 REWARD_SHAPINGS = registry("es_reward_shaping")
+"""How member rewards become update weights: ``es.shaping`` / ``shaping=`` name one of these."""
 REWARD_SHAPINGS.add("zscore", zscore_rewards, paper="Qiu et al. 2025, ES at Scale, arXiv:2509.24372")
 REWARD_SHAPINGS.add("centered_ranks", centered_rank_rewards, paper="Salimans et al. 2017, arXiv:1703.03864")
+REWARD_SHAPINGS.add("none", raw_rewards)
 
 
-def shape_rewards(rewards: Float[Tensor, " P"], shaping: RewardShaping = RewardShaping.ZSCORE) -> Float[Tensor, " P"]:
-    """Apply a :class:`RewardShaping` to member rewards."""
-    shaping = RewardShaping(shaping)
-    if shaping is RewardShaping.ZSCORE:
-        return zscore_rewards(rewards)
-    if shaping is RewardShaping.CENTERED_RANKS:
-        return centered_rank_rewards(rewards)
-    return _check_rewards(rewards)
+def shape_rewards(rewards: Float[Tensor, " P"], shaping: str = "zscore") -> Float[Tensor, " P"]:
+    """Member rewards shaped by the :data:`REWARD_SHAPINGS` entry ``shaping`` (RegistryError for an unknown name)."""
+    return REWARD_SHAPINGS.get(shaping)(rewards)  # type: ignore[operator,no-any-return]
 
 
 def es_gradient(rewards: Float[Tensor, " P"], noise: Float[Tensor, "P D"], *, sigma: float) -> Float[Tensor, " D"]:
@@ -353,81 +348,12 @@ def antithetic_gradient(
     return es_gradient(rewards_plus - rewards_minus, noise, sigma=2.0 * check_positive("sigma", sigma))
 
 
-def _named_float(params: Params) -> Params:
+def check_params(params: Params) -> Params:
     if not isinstance(params, Mapping) or not params:
         raise ShapeError("params: expected a non-empty mapping from names to tensors")
     for name, p in params.items():
         check_float(f"params[{name!r}]", p)
     return params
-
-
-def perturb_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    r"""In place, per tensor: :math:`\theta^{(n)} \leftarrow \theta^{(n)} + \mathrm{sign}\,\sigma\varepsilon^{(n)}_{k}`.
-
-    The noise comes in :data:`NOISE_CHUNK`-element chunks (:func:`noise_chunks`) through one reused
-    buffer, so the peak extra memory is one chunk (plus its cast for low-precision parameters),
-    independent of the parameters' sizes. Tied parameters must appear once in ``params``
-    (``named_parameters()`` deduplicates). Runs under ``torch.no_grad()``.
-    """
-    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=False)
-
-
-def _add_noise_(params: Params, seed: int, *, sigma: float, sign: float, mix_names: bool, roundtrip: bool) -> None:
-    """``p += d`` (or, with ``roundtrip``, ``p = (p + d) - d``) per chunk, ``d = sign * sigma * noise`` cast to ``p``."""
-    _named_float(params)
-    sigma = check_positive("sigma", sigma, strict=False)
-    buffer = _chunk_buffer(params)
-    with torch.no_grad():
-        for name, p in params.items():
-            flat = _flat_view(p)
-            for start, stop, eps in noise_chunks(seed, name, p.numel(), dtype=p.dtype, device=p.device,
-                                                 mix_names=mix_names, out=buffer(p)):  # fmt: skip
-                d = eps.mul_(sign * sigma).to(p.dtype)
-                part = flat[start:stop].add_(d)
-                if roundtrip:
-                    part.sub_(d)
-            _write_back(p, flat)
-
-
-def _chunk_buffer(params: Params) -> Callable[[Tensor], Tensor]:
-    """``buffer(p)``: one chunk buffer per (noise dtype, device) of ``params``, allocated once and reused."""
-    width: dict[tuple[torch.dtype, torch.device], int] = {}
-    for p in params.values():
-        key = (_noise_dtype(p.dtype), p.device)
-        width[key] = max(width.get(key, 0), min(p.numel(), NOISE_CHUNK + _TAIL - 1))
-    bufs = {key: torch.empty(w, dtype=key[0], device=key[1]) for key, w in width.items()}
-    return lambda p: bufs[(_noise_dtype(p.dtype), p.device)]
-
-
-def _flat_view(p: Tensor) -> Tensor:
-    """``p`` flattened without a copy when contiguous (the usual case for parameters), else a contiguous copy."""
-    return p.view(-1) if p.is_contiguous() else p.contiguous().view(-1)
-
-
-def _write_back(p: Tensor, flat: Tensor) -> None:
-    if not p.is_contiguous():
-        p.copy_(flat.view(p.shape))
-
-
-def restore_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    """Undo :func:`perturb_` by subtracting the same regenerated noise (exact only in exact arithmetic)."""
-    perturb_(params, seed, sigma=sigma, sign=-sign, mix_names=mix_names)
-
-
-def roundtrip_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    r""":func:`perturb_` then :func:`restore_` with nothing in between, drawing the noise once.
-
-    Bit-identical to the pair (:math:`\theta \leftarrow (\theta + d) - d` with the same rounded
-    :math:`d = \mathrm{sign}\,\sigma\varepsilon`, and :math:`-d` is exact), at half the noise cost:
-    how a process replays the members it does not evaluate to stay bit-identical to one process.
-
-    Example:
-        >>> a, b = {"w": torch.linspace(-1, 1, 40)}, {"w": torch.linspace(-1, 1, 40)}
-        >>> perturb_(a, 4, sigma=0.3); restore_(a, 4, sigma=0.3); roundtrip_(b, 4, sigma=0.3)
-        >>> bool(torch.equal(a["w"], b["w"]))
-        True
-    """
-    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=True)
 
 
 def perturbed_params(
@@ -438,7 +364,7 @@ def perturbed_params(
     Feed to :func:`population_forward` (``vmap`` over ``functional_call``) or to batched matmuls to
     evaluate every member in one pass. Costs ``P`` copies of the parameters: for small models only.
     """
-    _named_float(params)
+    check_params(params)
     sigma = check_positive("sigma", sigma, strict=False)
     out = {}
     for name, p in params.items():
@@ -447,7 +373,7 @@ def perturbed_params(
     return out
 
 
-def _member_coefficients(population: EsPopulation, weights: Tensor) -> list[float]:
+def member_coefficients(population: EsPopulation, weights: Tensor) -> list[float]:
     """:math:`w_i s_i / P` per member, in float64."""
     return (weights.double() * population.signs.double() / weights.shape[0]).tolist()
 
@@ -461,18 +387,18 @@ def es_direction(
     float64 for float64 parameters), as in ES-at-Scale's decomposed update; returned in the
     accumulator dtype.
     """
-    _named_float(params)
-    _check_population(population)
+    check_params(params)
+    check_population(population)
     check_float("weights", weights, ndim=1)
     if weights.shape != population.seeds.shape:
         raise ShapeError(
             f"weights: expected shape {list(population.seeds.shape)} (one per member), got {list(weights.shape)}"
         )
-    coef = _member_coefficients(population, weights)
+    coef = member_coefficients(population, weights)
     seeds = population.seeds.tolist()
     out = {}
     for name, p in params.items():
-        acc = torch.zeros(p.shape, dtype=_noise_dtype(p.dtype), device=p.device)
+        acc = torch.zeros(p.shape, dtype=noise_dtype(p.dtype), device=p.device)
         for s, c in zip(seeds, coef, strict=True):
             if c != 0.0:
                 acc.add_(
@@ -488,7 +414,7 @@ def es_step(
     rewards: Float[Tensor, " P"],
     *,
     lr: float,
-    shaping: RewardShaping = RewardShaping.ZSCORE,
+    shaping: str = "zscore",
     mix_names: bool = True,
 ) -> dict[str, Tensor]:
     r"""The ES update :math:`\Delta^{(n)} = \alpha\frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}` (w: shaped rewards).
@@ -517,47 +443,6 @@ def es_step(
     return {n: lr * d for n, d in es_direction(params, population, weights, mix_names=mix_names).items()}
 
 
-def apply_es_step_(
-    params: Params,
-    population: EsPopulation,
-    rewards: Float[Tensor, " P"],
-    *,
-    lr: float,
-    shaping: RewardShaping = RewardShaping.ZSCORE,
-    mix_names: bool = True,
-) -> None:
-    """In place: add :func:`es_step`'s increments to ``params`` (fp32 accumulate, cast once), chunk by chunk.
-
-    For each tensor the ``P`` members' generators advance together over the tensor's noise chunks
-    (:func:`noise_chunks`), so the extra memory is two chunk buffers (accumulator and noise) and
-    ``P`` generator states, independent of the parameters' sizes. Every element sees the same
-    float operations in the same order as :func:`es_step`, so the result equals
-    ``params + es_step(...)`` exactly.
-    """
-    _named_float(params)
-    _check_population(population)
-    if population.seeds.shape != getattr(rewards, "shape", None):
-        raise ShapeError(f"rewards: expected shape {list(population.seeds.shape)} (one per member)")
-    lr = check_positive("lr", lr, strict=False)
-    weights = shape_rewards(rewards, shaping)
-    coef = _member_coefficients(population, weights)
-    members = [(int(s), c) for s, c in zip(population.seeds.tolist(), coef, strict=True) if c != 0.0]
-    accumulator, buffer = _chunk_buffer(params), _chunk_buffer(params)
-    with torch.no_grad():
-        for name, p in params.items():
-            flat, acc, noise = _flat_view(p), accumulator(p), buffer(p)
-            streams = [
-                (noise_chunks(s, name, p.numel(), dtype=p.dtype, device=p.device, mix_names=mix_names, out=noise), c)
-                for s, c in members
-            ]
-            for start, stop in _chunk_spans(p.numel(), NOISE_CHUNK):
-                total = acc[: stop - start].zero_()
-                for stream, c in streams:
-                    total.add_(next(stream)[2], alpha=c)
-                flat[start:stop].add_(total.mul_(lr).to(p.dtype))
-            _write_back(p, flat)
-
-
 class EvolutionStrategy(NamedTuple):
     """An optax-style ES triple: ``init(key) -> state``, ``ask(state) -> population``,
     ``update(params, population, rewards, state) -> (new_params, new_state)``."""
@@ -573,7 +458,7 @@ def evolution_strategy(
     sigma: float,
     lr: float,
     antithetic: bool = False,
-    shaping: RewardShaping = RewardShaping.ZSCORE,
+    shaping: str = "zscore",
     mix_names: bool = True,
 ) -> EvolutionStrategy:
     r"""Build the ES ``(init, ask, update)`` triple (defaults: one-point ES with z-scores, as both papers).
@@ -582,7 +467,7 @@ def evolution_strategy(
     generator seeded with ``(key, step)``, so the same state always asks for the same members.
     ``update`` returns :math:`\theta + \alpha\frac1P\sum_i w_i s_i\varepsilon_{k_i}` (the members are
     evaluated at :math:`\theta + \sigma s_i\varepsilon_{k_i}` by the caller, e.g. with
-    :func:`perturbed_params` or :func:`perturb_`/:func:`restore_`).
+    :func:`perturbed_params` or :func:`posttrain.llm.es.params.perturb_`).
 
     Example:
         >>> es = evolution_strategy(population=4, sigma=0.1, lr=0.01)
@@ -596,7 +481,7 @@ def evolution_strategy(
         raise DomainError(f"population: expected a positive (even when antithetic) integer, got {population}")
     check_positive("sigma", sigma)
     check_positive("lr", lr, strict=False)
-    shaping = RewardShaping(shaping)
+    REWARD_SHAPINGS.get(shaping)  # an unknown name fails here, not at the first update
 
     def init(key: int) -> EsState:
         if key < 0:
@@ -619,30 +504,8 @@ def evolution_strategy(
     return EvolutionStrategy(init, ask, update)
 
 
-def population_forward(
-    module: torch.nn.Module, batched_params: Mapping[str, Tensor], *args: Tensor, shared_inputs: bool = True
-) -> Tensor:
-    """Evaluate every member in one call: ``vmap`` of ``torch.func.functional_call`` over the leading ``P`` axis.
-
-    Parameters not in ``batched_params`` (and all buffers) are taken from ``module`` unbatched.
-    With ``shared_inputs`` the same ``args`` go to every member, else each arg has a leading ``P``.
-    Returns the module's output with a leading ``P`` axis.
-    """
-    if not batched_params:
-        raise ShapeError("batched_params: expected a non-empty mapping")
-    sizes = {t.shape[0] for t in batched_params.values()}
-    if len(sizes) != 1:
-        raise ShapeError(f"batched_params: every tensor needs the same leading population size, got {sorted(sizes)}")
-
-    def one(p: dict[str, Tensor], *a: Tensor) -> Tensor:
-        return torch.func.functional_call(module, p, a)  # type: ignore[no-any-return]
-
-    in_dims = (0, *(None if shared_inputs else 0 for _ in args))
-    return torch.func.vmap(one, in_dims=in_dims)(dict(batched_params), *args)  # type: ignore[no-any-return]
-
-
 def _deltas(params: Params, base: Params) -> dict[str, Tensor]:
-    _named_float(params)
+    check_params(params)
     if set(params) != set(base):
         raise ShapeError("base: expected the same tensor names as params")
     for n in params:

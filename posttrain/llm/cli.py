@@ -63,7 +63,7 @@ def es_command(
     Writes es_metrics.jsonl (one row per ES step) and the final model to OUT/es.
     """
     cfg = _load_or_exit(config, overrides)
-    from posttrain.llm.es_trainer import es_from_config
+    from posttrain.llm.run import es_from_config
 
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
@@ -86,7 +86,7 @@ def _quiet_transformers() -> None:
 
 def resolve_checkpoint(path: Path) -> tuple[Path, Path | None]:
     """``(model_dir, run_dir)`` for a run directory, a checkpoint directory, or a model directory."""
-    from posttrain.llm.checkpoint import latest_checkpoint
+    from posttrain.llm.train.checkpoint import latest_checkpoint
 
     if (path / "checkpoints").is_dir():
         ckpt = latest_checkpoint(path / "checkpoints")
@@ -110,9 +110,9 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint: unbiased pass@k / mean@k, greedy accuracy, response length, entropy."""
     from posttrain.llm.config import load_config
-    from posttrain.llm.evaluate import evaluate
+    from posttrain.llm.rollout.tasks import make_task
     from posttrain.llm.run import load_model
-    from posttrain.llm.tasks import make_task
+    from posttrain.llm.train.evaluate import evaluate
 
     try:
         ks = sorted({int(x) for x in k.split(",") if x.strip()})
@@ -133,6 +133,7 @@ def eval_command(
         seed=cfg.seed,
         sampling=cfg.rollout.sampling(),
         chat_template=cfg.model.chat_template,
+        system=cfg.model.system_prompt,
     )
     record = {"checkpoint": str(model_dir), **metrics}
     if run_dir is not None:

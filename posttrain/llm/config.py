@@ -20,13 +20,17 @@ from typing import Any, TypeVar
 import yaml
 
 from posttrain.errors import DomainError
-
-if typing.TYPE_CHECKING:
-    from posttrain.llm.generate import SamplingConfig
+from posttrain.estimators import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, AggregationMode
+from posttrain.estimators.es import REWARD_SHAPINGS
+from posttrain.estimators.replay import REPLAY_RULES
+from posttrain.llm.methods.catalog import METHODS
+from posttrain.llm.rollout.branching import BranchingConfig
+from posttrain.llm.rollout.engine import SamplingConfig
+from posttrain.llm.rollout.replay import ReplayConfig
+from posttrain.llm.rollout.tasks import TASKS
 
 __all__ = [
     "AlgorithmConfig",
-    "BranchingConfig",
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",
@@ -34,21 +38,23 @@ __all__ = [
     "LoggingConfig",
     "ModelConfig",
     "OptimConfig",
-    "ReplayConfig",
     "RolloutConfig",
     "RunConfig",
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
+    "from_mapping",
     "load_config",
+    "parse_scalar",
 ]
 
 ENGINES = ("hf", "vllm")
 SCHEDULERS = ("constant", "linear", "cosine")
-
-
-MODEL_OPTIMIZERS = {"MuonWithAdamW": "posttrain.llm.optimizers"}
-"""Optimizers built from the model (they need parameter names), not only its parameters: name -> module."""
+STRATEGIES = ("ddp", "fsdp")
+"""``distributed.strategy``: the wrappers of :mod:`posttrain.llm.train.parallel`."""
+MODEL_OPTIMIZERS = ("MuonWithAdamW",)
+"""Optimizers built from the model (they need parameter names), not only its parameters
+(:data:`posttrain.llm.train.optim.MODEL_OPTIMIZERS` maps each to its class)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class ModelConfig:
     dtype: str = "float32"
     device: str = "cpu"
     chat_template: bool = False
+    system_prompt: str | None = None
+    """The system turn of chat-template prompts (null: the template's default, if any)."""
 
 
 @dataclass(frozen=True)
@@ -77,43 +85,6 @@ class DataConfig:
     sft_steps: int = 0
     sft_lr: float = 1e-2
     sft_batch_size: int = 64
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """``rollout.replay``: Headroom-Drift Replay of stored groups (spec 02; :mod:`posttrain.llm.replay_stage`).
-
-    ``rule``: a name in ``registry("replay")``; ``k_rep``: groups replayed per step (0: on-policy);
-    ``tau``: drift gate; ``capacity``: buffer size (groups); ``success_threshold``: ingress
-    indicator ``r >= threshold`` (null: ``r > 0``).
-    """
-
-    rule: str = "hdr"
-    k_rep: int = 2
-    tau: float = 1e-2
-    capacity: int = 8
-    success_threshold: float | None = None
-
-
-@dataclass(frozen=True)
-class BranchingConfig:
-    """``rollout.branching``: RAIL branch continuations from a chosen prefix (spec 11; :mod:`posttrain.llm.rail_stage`).
-
-    ``branches``: b continuations per prompt (``1 <= b < group_size``); ``shadow_steps``: steps with
-    random states; ``kappa``: gate on the predicted gain; ``explore``: probability of a random state;
-    ``heuristic``: the static highest-entropy rule instead of the controller; ``window``, ``gamma``,
-    ``delta``, ``ridge``: the controller's trace window, recency, Huber delta and ridge.
-    """
-
-    branches: int = 4
-    shadow_steps: int = 5
-    kappa: float = 0.0
-    explore: float = 0.1
-    heuristic: bool = False
-    window: int = 2000
-    gamma: float = 0.99
-    delta: float = 0.05
-    ridge: float = 1e-4
 
 
 @dataclass(frozen=True)
@@ -131,9 +102,7 @@ class RolloutConfig:
     branching: BranchingConfig | None = None
 
     def sampling(self) -> SamplingConfig:
-        """The engines' :class:`~posttrain.llm.generate.SamplingConfig` of these fields (validated there)."""
-        from posttrain.llm.generate import SamplingConfig
-
+        """The engines' :class:`~posttrain.llm.rollout.engine.SamplingConfig` of these fields (validated there)."""
         return SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
 
 
@@ -252,15 +221,19 @@ def _dataclass_of(tp: Any) -> Any:
     return inner[0] if len(inner) == 1 and _is_dataclass_type(inner[0]) else None
 
 
-def _check_scalar(where: str, value: Any, tp: Any) -> Any:
-    """Check a YAML value against a simple annotation (int, float, str, bool, dict, X | None)."""
+def parse_scalar(where: str, value: Any, tp: Any) -> Any:
+    """Check a YAML value against a simple annotation (int, float, str, bool, dict, X | None).
+
+    The one place YAML's number quirk is handled: YAML 1.1 reads ``1e-3`` (no dot) as a string,
+    which a ``float`` field parses.
+    """
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _check_scalar(where, value, inner)
+        return parse_scalar(where, value, inner)
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise DomainError(f"{where}: expected a mapping, got {value!r}")
@@ -279,7 +252,9 @@ def _check_scalar(where: str, value: Any, tp: Any) -> Any:
     raise DomainError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {value!r}")
 
 
-def _build(cls: type[T], raw: Mapping[str, Any], where: str) -> T:
+def from_mapping(cls: type[T], raw: Mapping[str, Any], where: str) -> T:
+    """A frozen dataclass from a parsed YAML mapping: unknown keys fail naming the valid ones, sections
+    (dataclass-typed fields) recurse, scalars are checked by :func:`parse_scalar`; ``where`` prefixes errors."""
     if not isinstance(raw, Mapping):
         raise DomainError(f"{where or 'config'}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -292,7 +267,7 @@ def _build(cls: type[T], raw: Mapping[str, Any], where: str) -> T:
         key = f"{where}.{name}" if where else name
         tp = hints[name]
         section = _dataclass_of(tp) if value is not None else None  # a section, or an optional one that is set
-        kwargs[name] = _build(section, value, key) if section is not None else _check_scalar(key, value, tp)
+        kwargs[name] = from_mapping(section, value, key) if section is not None else parse_scalar(key, value, tp)
     return cls(**kwargs)
 
 
@@ -313,11 +288,6 @@ def validate_names(cfg: RunConfig) -> RunConfig:
     """Check every name against its registry and the numeric ranges that would fail later."""
     import torch
 
-    from posttrain.estimators import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, AggregationMode
-    from posttrain.llm.algorithm import METHODS
-    from posttrain.llm.parallel import STRATEGIES
-    from posttrain.llm.tasks import TASKS
-
     a = cfg.algorithm
     _one_of("algorithm.method", a.method, METHODS.names())
     _one_of("algorithm.advantage", a.advantage, ADVANTAGES.names())
@@ -327,7 +297,7 @@ def validate_names(cfg: RunConfig) -> RunConfig:
     _one_of("data.task", cfg.data.task, TASKS.names())
     _one_of("rollout.engine", cfg.rollout.engine, ENGINES)
     _one_of("optim.scheduler", cfg.optim.scheduler, SCHEDULERS)
-    _one_of("es.shaping", cfg.es.shaping, ("zscore", "centered_ranks", "none"))
+    _one_of("es.shaping", cfg.es.shaping, REWARD_SHAPINGS.names())
     _one_of("distributed.strategy", cfg.distributed.strategy, STRATEGIES)
     optimizers = [
         n
@@ -395,8 +365,6 @@ def validate_names(cfg: RunConfig) -> RunConfig:
 def _validate_stages(r: RolloutConfig) -> None:
     """``rollout.replay`` and ``rollout.branching``: names and ranges."""
     if r.replay is not None:
-        from posttrain.estimators.replay import REPLAY_RULES
-
         _one_of("rollout.replay.rule", r.replay.rule, REPLAY_RULES.names())
         _positive("rollout.replay.k_rep", r.replay.k_rep, allow_zero=True)
         _positive("rollout.replay.tau", r.replay.tau, allow_zero=True)
@@ -418,7 +386,7 @@ def _validate_stages(r: RolloutConfig) -> None:
 
 def config_from_dict(raw: Mapping[str, Any] | None) -> RunConfig:
     """A validated :class:`RunConfig` from a plain mapping (missing keys take their defaults)."""
-    return validate_names(_build(RunConfig, raw or {}, ""))
+    return validate_names(from_mapping(RunConfig, raw or {}, ""))
 
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:

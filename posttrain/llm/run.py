@@ -12,6 +12,7 @@ task) and nowhere in the loop. Directory layout of a run::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,24 +21,39 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from posttrain.llm.algorithm import build_algorithm
 from posttrain.llm.config import RunConfig, config_to_dict
-from posttrain.llm.generate import HFEngine, RolloutEngine, token_logprobs
-from posttrain.llm.gflowrl_algorithm import prompt_feature_filler
-from posttrain.llm.parallel import wrap_frozen, wrap_model
-from posttrain.llm.sinks import metric_sinks
-from posttrain.llm.stages import build_stages
-from posttrain.llm.tasks import make_task
-from posttrain.llm.topk_fill import StudentTopK, topk_logp_filler
-from posttrain.llm.trainer import Filler, Trainer
+from posttrain.llm.es.trainer import (
+    EsStepLog,
+    EsTrainConfig,
+    es_train,
+    generation_fitness,
+    rank_world,
+    trainable_params,
+)
+from posttrain.llm.methods.catalog import build_algorithm
+from posttrain.llm.methods.flow import prompt_feature_filler
+from posttrain.llm.methods.topk import StudentTopK, topk_logp_filler
+from posttrain.llm.rollout.branching import BranchingStage
+from posttrain.llm.rollout.engine import HFEngine, RolloutEngine
+from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.replay import ReplayStage
+from posttrain.llm.rollout.stages import RolloutStage
+from posttrain.llm.rollout.tasks import make_task
+from posttrain.llm.train.parallel import wrap_frozen, wrap_model
+from posttrain.llm.train.sinks import metric_sinks
+from posttrain.llm.train.trainer import Filler, Trainer
 
-__all__ = ["ENGINE_FACTORIES", "build_trainer", "load_model", "train"]
+__all__ = ["ENGINE_FACTORIES", "build_stages", "build_trainer", "es_from_config", "grpo_then_es", "load_model", "train"]
 
 
 def load_model(path: str | Path, cfg: RunConfig) -> tuple[Any, Any]:
-    """``AutoModelForCausalLM`` and ``AutoTokenizer`` from a local directory or hub id."""
+    """``AutoModelForCausalLM`` and ``AutoTokenizer`` from a local directory, a hub id, or a model name
+    registered in :mod:`posttrain.llm.tools.models` (its prepared directory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from posttrain.llm.tools.models import resolve_model_path
+
+    path = resolve_model_path(path) or path
     auto: Any = AutoModelForCausalLM
     model = auto.from_pretrained(str(path), dtype=getattr(torch, cfg.model.dtype)).to(cfg.model.device)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -58,7 +74,7 @@ def _hf_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> R
 
 
 def _vllm_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
-    from posttrain.llm.generate_vllm import VLLMEngine
+    from posttrain.llm.rollout.vllm import VLLMEngine
 
     return VLLMEngine(
         model_dir,
@@ -90,16 +106,37 @@ def _logp_filler(model: Any, temperature: float) -> Filler:
     return fill
 
 
+def build_stages(cfg: RunConfig, *, vocab_size: int, world: int = 1) -> tuple[RolloutStage, ...]:
+    """The stages a config asks for, in loop order: RAIL branching (shapes the fresh groups), then replay."""
+    r = cfg.rollout
+    stages: list[RolloutStage] = []
+    if r.branching is not None:
+        stages.append(
+            BranchingStage(
+                r.branching,
+                group_size=r.group_size,
+                max_new_tokens=r.max_new_tokens,
+                vocab_size=vocab_size,
+                seed=cfg.seed,
+                world=world,
+            )
+        )
+    if r.replay is not None:  # a branch row is a prefix (< max_new_tokens) plus up to max_new_tokens more
+        horizon = r.max_new_tokens * (2 if r.branching is not None else 1)
+        stages.append(ReplayStage(r.replay, group_size=r.group_size, horizon=horizon))
+    return tuple(stages)
+
+
 def build_trainer(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, engine: RolloutEngine | None = None
 ) -> Trainer:
-    """Everything a run needs, ready to :meth:`~posttrain.llm.trainer.Trainer.fit`.
+    """Everything a run needs, ready to :meth:`~posttrain.llm.train.trainer.Trainer.fit`.
 
     On a fresh run: build or load the model, run the SFT warm-up, save it as ``out/initial``. On
     resume, ``out/initial`` is loaded and the checkpoint's weights replace the policy's.
     """
-    from posttrain.llm.sft import sft_warmup
-    from posttrain.llm.tiny import TinyConfig, build_tiny
+    from posttrain.llm.tools.tiny import TinyConfig, build_tiny
+    from posttrain.llm.train.sft import sft_warmup
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +157,7 @@ def build_trainer(
                     lr=cfg.data.sft_lr,
                     seed=cfg.seed,
                     chat_template=cfg.model.chat_template,
+                    system=cfg.model.system_prompt,
                 )
             model.save_pretrained(initial)
             tokenizer.save_pretrained(initial)
@@ -183,7 +221,7 @@ def train(
     cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | None = None
 ) -> list[dict[str, Any]]:
     """Build the trainer and run it, with a rich progress bar showing reward, KL and entropy; every step's
-    metrics also go to the TensorBoard / W&B sinks the config asks for (:mod:`posttrain.llm.sinks`)."""
+    metrics also go to the TensorBoard / W&B sinks the config asks for (:mod:`posttrain.llm.train.sinks`)."""
     trainer = build_trainer(cfg, out_dir, resume=resume)
     show = cfg.logging.progress if progress is None else progress
     with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
@@ -207,3 +245,65 @@ def train(
                 to_sinks(m)
 
             return trainer.fit(on_step=on_step)
+
+
+def grpo_then_es(
+    run_config: Any,
+    out_dir: str | Path,
+    es_config: EsTrainConfig,
+    *,
+    prompts_per_step: int,
+    max_new_tokens: int | None = None,
+    rl_first: bool = True,
+    micro_batch: int | None = None,
+    on_step: Callable[[EsStepLog], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
+    """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
+
+    ``run_config`` is a :class:`~posttrain.llm.config.RunConfig` (its ``optim.steps`` are the GRPO
+    half; ``rl_first=False`` skips it: ES from the SFT'd model); ES then runs ``es_config.steps`` on the
+    same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step
+    (``micro_batch`` of them per ``generate`` call).
+    The ES endpoint is saved as ``out_dir/es``.
+    """
+    trainer = build_trainer(run_config, out_dir)
+    rl_logs = trainer.fit() if rl_first else []
+    model = trainer.policy
+    fitness = generation_fitness(
+        model, trainer.tokenizer, trainer.task, prompts_per_step=prompts_per_step, seed=es_config.seed,
+        max_new_tokens=max_new_tokens or run_config.rollout.max_new_tokens,
+        chat_template=run_config.model.chat_template, system=run_config.model.system_prompt,
+        micro_batch=micro_batch,
+    )  # fmt: skip
+    es_logs = es_train(trainable_params(model), fitness, es_config, on_step=on_step)
+    model.save_pretrained(Path(out_dir) / "es")
+    trainer.tokenizer.save_pretrained(Path(out_dir) / "es")
+    return rl_logs, es_logs
+
+
+def es_from_config(
+    cfg: Any, out_dir: str | Path, *, on_step: Callable[[EsStepLog], None] | None = None
+) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
+    """``posttrain es``: the config's ``es`` section (:class:`~posttrain.llm.config.EsConfig`) run by :func:`grpo_then_es`.
+
+    Each ES step is appended to ``out_dir/es_metrics.jsonl`` (``step`` from 1, population
+    ``reward_mean`` and ``reward_std``, ``noop``); RL steps (``es.after_rl``) go to ``metrics.jsonl`` as usual.
+    """
+    e = cfg.es
+    es_config = EsTrainConfig(
+        population=e.population, sigma=e.sigma, lr=e.lr, steps=e.steps, seed=cfg.seed, antithetic=e.antithetic,
+        shaping=e.shaping, lockstep=e.lockstep,
+    )  # fmt: skip
+    log_path = Path(out_dir) / "es_metrics.jsonl"
+
+    def log(entry: EsStepLog) -> None:
+        if rank_world(None)[0] == 0:
+            with open(log_path, "a") as f:
+                f.write(json.dumps({**entry._asdict(), "step": entry.step + 1}) + "\n")
+        if on_step is not None:
+            on_step(entry)
+
+    return grpo_then_es(
+        cfg, out_dir, es_config, prompts_per_step=e.prompts_per_step or cfg.data.prompts_per_step,
+        rl_first=e.after_rl, micro_batch=e.micro_batch, on_step=log,
+    )  # fmt: skip

@@ -79,8 +79,8 @@ def sis_test_by_hand(trainer: Any, rollout: Any, behaviour: list[Any], update: i
     import torch
 
     from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, token_in_topk
-    from posttrain.llm.algorithm import update_seed
-    from posttrain.llm.sis_trainer import response_log_probs
+    from posttrain.llm.methods.algorithm import update_seed
+    from posttrain.llm.methods.sis import response_log_probs
 
     full = response_log_probs(trainer.model, rollout, 1.0)  # [B, T, V], the current policy
     logp = full.gather(-1, rollout.response_ids.unsqueeze(-1)).squeeze(-1)

@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("transformers", reason="the tiny model needs the [llm] extra (transformers)")
-    from posttrain.llm.tiny import build_tiny
+    from posttrain.llm.tools.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("tiny"), seed=0)
 

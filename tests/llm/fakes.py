@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from posttrain.llm.generate import Rollouts, left_pad, token_logprobs
-from posttrain.llm.tasks import Problem
+from posttrain.llm.rollout.engine import Rollouts, left_pad
+from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.tasks import Problem
 
 
 @dataclass

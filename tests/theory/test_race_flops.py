@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from posttrain.cli import app
 from posttrain.errors import DomainError, ShapeError
-from posttrain.theory.race_cli import load_plan, plan_flops, plan_from_mapping
+from posttrain.llm.tools.flops import load_plan, plan_flops, plan_from_mapping
 from posttrain.theory.race_flops import (
     PolicyCost,
     RewardCost,
@@ -78,7 +78,7 @@ def test_plan_from_own_schema_and_llm_config(tmp_path: Path) -> None:
         {"rollout": {"group_size": 4}, "optim": {"steps": 3}, "algorithm": {"kl": "k3", "kl_coef": 0.01}}
     )
     assert llm.group_size == 4 and llm.steps == 3 and llm.ref_forward and llm.n_params > 0
-    with pytest.raises(DomainError, match="unknown keys"):
+    with pytest.raises(DomainError, match="unknown key"):
         plan_from_mapping({"flops": {"n_params": 1.0, "bogus": 1}})
     with pytest.raises(DomainError, match="n_params"):
         plan_from_mapping({"flops": {"group_size": 2}})

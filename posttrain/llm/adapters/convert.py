@@ -21,9 +21,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators import AggregationMode, broadcast_sequence_advantages, group_rewards, masked_mean, masked_sum
-from posttrain.validate import check_float, check_mask, check_positive, check_tensor
+from posttrain.errors import ShapeError
+from posttrain.estimators import broadcast_sequence_advantages, group_rewards, masked_sum
+from posttrain.estimators.aggregate import global_aggregate
+from posttrain.validate import check_float, check_mask, check_tensor
 
 __all__ = [
     "ClipOptions",
@@ -181,69 +182,3 @@ def grouped_token_advantages(
     return broadcast_sequence_advantages(flat, mask)
 
 
-def global_aggregate(
-    values: Float[Tensor, "B T"],
-    mask: Bool[Tensor, "B T"],
-    mode: AggregationMode | str,
-    *,
-    dp_size: int = 1,
-    batch_num_tokens: int | Tensor | None = None,
-    global_batch_size: int | Tensor | None = None,
-    loss_scale_factor: float | None = None,
-) -> Float[Tensor, ""]:
-    r"""One data-parallel rank's share of :func:`~posttrain.estimators.aggregate` over the global batch.
-
-    With :math:`D` = ``dp_size``, :math:`N` = ``batch_num_tokens`` (valid tokens of the global batch),
-    :math:`S` = ``global_batch_size`` (its non-empty sequences), :math:`H` = ``loss_scale_factor``
-    (default the padded length ``T``), :math:`n_i` the valid tokens of local row :math:`i`:
-
-    - ``token-mean``: :math:`D\sum m L / N`;  ``token-sum``: :math:`D\sum m L`
-    - ``seq-mean-token-mean``: :math:`\frac{D}{S}\sum_i \frac{1}{n_i}\sum_t m L`
-    - ``seq-mean-token-sum``: :math:`\frac{D}{S}\sum_i\sum_t m L`;  ``-norm``: that divided by :math:`H`
-
-    so the mean over ranks (what data-parallel gradient averaging computes) is the full-batch
-    :func:`~posttrain.estimators.aggregate`. Missing ``N`` / ``S`` default to the local counts, so with
-    ``dp_size=1`` and no global facts this *is* ``aggregate`` (verl's ``agg_loss`` convention).
-
-    Args:
-        values: ``[B, T]`` per-token loss. mask: ``[B, T]`` boolean.
-        mode: an :class:`~posttrain.estimators.AggregationMode` or verl's ``loss_agg_mode`` string
-            (the names are the same).
-        dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: verl's ``global_batch_info``.
-
-    Raises:
-        DomainError: unknown mode; ``dp_size > 1`` without the global count the mode needs.
-
-    Example:
-        >>> v = torch.tensor([[1., 1., 0., 0.], [2., 2., 2., 2.]])
-        >>> m = torch.tensor([[True, True, False, False], [True] * 4])
-        >>> round(float(global_aggregate(v, m, "token-mean")), 4)  # one rank: aggregate
-        1.6667
-        >>> ranks = [global_aggregate(v[i : i + 1], m[i : i + 1], "token-mean", dp_size=2, batch_num_tokens=6) for i in (0, 1)]
-        >>> round(float(sum(ranks) / 2), 4)  # two ranks, averaged as DDP averages gradients
-        1.6667
-    """
-    check_float("values", values, ndim=2)
-    check_mask("mask", mask, values.shape)
-    m = AggregationMode.parse(mode)
-    d = int(check_positive("dp_size", dp_size))
-    needs = "batch_num_tokens" if m is AggregationMode.TOKEN_MEAN else "global_batch_size"
-    given = batch_num_tokens if m is AggregationMode.TOKEN_MEAN else global_batch_size
-    if d > 1 and given is None and m is not AggregationMode.TOKEN_SUM:
-        raise DomainError(f"{needs}: required with dp_size = {d} > 1 for loss_agg_mode {m.value!r}")
-    if m is AggregationMode.TOKEN_SUM:
-        return masked_sum(values, mask) * d
-    if m is AggregationMode.TOKEN_MEAN:
-        n = mask.count_nonzero() if batch_num_tokens is None else torch.as_tensor(batch_num_tokens)
-        return masked_sum(values, mask) * d / n.to(values.dtype).clamp(min=1)
-    rows = (
-        masked_mean(values, mask, dim=-1)
-        if m is AggregationMode.SEQ_MEAN_TOKEN_MEAN
-        else masked_sum(values, mask, dim=-1)
-    )
-    s = mask.any(dim=-1).count_nonzero() if global_batch_size is None else torch.as_tensor(global_batch_size)
-    out = rows.sum() * d / s.to(values.dtype).clamp(min=1)
-    if m is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM:
-        h = values.shape[-1] if loss_scale_factor is None else check_positive("loss_scale_factor", loss_scale_factor)
-        out = out / h
-    return out

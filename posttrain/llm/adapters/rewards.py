@@ -2,7 +2,7 @@
 
 Neither verl nor TRL is imported here. Both call rewards from threads (verl runs a synchronous
 ``compute_score`` in an executor; TRL may too), where Math-Verify's own ``SIGALRM`` timeouts fail: the
-``math`` verifier is our :class:`~posttrain.llm.verifiers.MathVerifier` (worker processes, our
+``math`` verifier is our :class:`~posttrain.llm.rollout.verifiers.MathVerifier` (worker processes, our
 deadline), built and warmed once per process by :func:`scorer` and safe from any thread.
 
 - verl: ``reward.custom_reward_function.path=<this file>`` (``python -c "import posttrain.llm.adapters.rewards
@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from posttrain.llm.tasks import Problem, Task, make_task
-from posttrain.llm.verifiers import VERIFIERS
+from posttrain.llm.rollout.tasks import Problem, Task, make_task
+from posttrain.llm.rollout.verifiers import VERIFIERS
 
 __all__ = [
     "DEFAULT_VERIFIER",
@@ -93,7 +93,7 @@ def compute_score(
     """verl's custom reward function: a reward in ``[0, 1]`` for one response, within the verifier's deadline.
 
     Args:
-        data_source: ``"posttrain/<task>"`` (a task of :mod:`posttrain.llm.tasks`), a verifier name, or
+        data_source: ``"posttrain/<task>"`` (a task of :mod:`posttrain.llm.rollout.tasks`), a verifier name, or
             anything else (scored by :data:`DEFAULT_VERIFIER`).
         solution_str: the decoded response.
         ground_truth: the gold answer (``reward_model.ground_truth``).

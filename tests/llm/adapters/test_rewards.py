@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from posttrain.llm.adapters.rewards import compute_score, scorer, task_reward, trl_rows, verifier_reward, verl_rows
-from posttrain.llm.tasks import Problem, make_task
-from posttrain.llm.verifiers import numeric_match
+from posttrain.llm.rollout.tasks import Problem, make_task
+from posttrain.llm.rollout.verifiers import numeric_match
 
 
 @pytest.mark.parametrize("name", ["addition", "countdown", "multiple"])

@@ -15,13 +15,13 @@ datasets = pytest.importorskip("datasets", reason="TRL's datasets dependency is 
 from posttrain.estimators import aggregate, clipped_ratio_loss, rloo_advantages  # noqa: E402
 from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, sis_loss, token_in_topk  # noqa: E402
 from posttrain.llm.adapters.rewards import task_reward, trl_rows  # noqa: E402
-from posttrain.llm.adapters.trl import grpo_trainer_class  # noqa: E402
-from posttrain.llm.tasks import Problem, make_task  # noqa: E402
+from posttrain.llm.adapters.trl import grpo_config_class, grpo_trainer_class  # noqa: E402
+from posttrain.llm.rollout.tasks import Problem, make_task  # noqa: E402
 
 K = 4  # completions per prompt
 
 
-def _config(out: str, **overrides: Any) -> Any:
+def _config(out: str, config_class: Any = None, **overrides: Any) -> Any:
     base: dict[str, Any] = {
         "output_dir": out,
         "use_cpu": True,
@@ -41,20 +41,20 @@ def _config(out: str, **overrides: Any) -> Any:
         "seed": 0,
         "bf16": False,  # TRL's default autocasts to bfloat16, also on CPU: float32 throughout here
     }
-    return trl.GRPOConfig(**(base | overrides))
+    return (config_class or trl.GRPOConfig)(**(base | overrides))
 
 
-def _trainer(cls: Any, tiny_dir: Path, out: str, **kwargs: Any) -> Any:
+def _trainer(cls: Any, tiny_dir: Path, out: str, *, reward_funcs: Any = None, **config: Any) -> Any:
+    """``cls`` on the tiny model; ``config`` overrides the base config (our options for our trainer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config_overrides = kwargs.pop("config", {})
+    ours = issubclass(cls, grpo_trainer_class())
     return cls(
         model=AutoModelForCausalLM.from_pretrained(tiny_dir),
-        reward_funcs=kwargs.pop("reward_funcs", task_reward("addition", digits=1)),
-        args=_config(out, **config_overrides),
+        reward_funcs=reward_funcs or task_reward("addition", digits=1),
+        args=_config(out, grpo_config_class() if ours else None, **config),
         train_dataset=datasets.Dataset.from_list(trl_rows("addition", 16, seed=0, digits=1)),
         processing_class=AutoTokenizer.from_pretrained(tiny_dir),
-        **kwargs,
     )
 
 
@@ -167,9 +167,8 @@ def test_a_short_run_trains_on_our_reward_with_our_advantage(tiny_dir: Path) -> 
     weights = [1.0, 0.5]
     with tempfile.TemporaryDirectory() as out:
         trainer = _trainer(
-            Recording, tiny_dir, out, reward_funcs=[recording_reward, digits], advantage="rloo",
-            config={"reward_weights": weights},
-        )  # fmt: skip
+            Recording, tiny_dir, out, reward_funcs=[recording_reward, digits], advantage="rloo", reward_weights=weights
+        )
         trainer.train()
     assert len(used) == 2 and len(seen) == 2
     for (prompts, completions, answers, values), (per_func, advantages) in zip(seen, used, strict=True):
@@ -196,7 +195,7 @@ def test_sis_run_accepts_exactly_the_behaviour_top_k_tokens_while_on_policy(tiny
             return out
 
     with tempfile.TemporaryDirectory() as out:
-        trainer = _trainer(Recording, tiny_dir, out, sis_top_k=16, config={"num_iterations": 2, "max_steps": 2})
+        trainer = _trainer(Recording, tiny_dir, out, sis_top_k=16, num_iterations=2, max_steps=2)
         trainer.train()
     rates = [h["posttrain/sis_accept_rate"] for h in trainer.state.log_history if "posttrain/sis_accept_rate" in h]
     assert len(coverage) == 1 and len(rates) == 2
@@ -209,4 +208,89 @@ def test_settings_the_adapter_does_not_reproduce_are_refused(tiny_dir: Path) -> 
     from posttrain.errors import DomainError
 
     with tempfile.TemporaryDirectory() as out, pytest.raises(DomainError, match="top_entropy_quantile"):
-        _trainer(grpo_trainer_class(), tiny_dir, out, config={"top_entropy_quantile": 0.5})
+        _trainer(grpo_trainer_class(), tiny_dir, out, top_entropy_quantile=0.5)
+
+
+def test_options_come_from_trl_parser_and_yaml_and_are_saved_with_the_args(tmp_path: Path) -> None:
+    """TRL's convention: the options are config fields, so TrlParser reads them and the run's args record them."""
+    import json
+
+    config_class = grpo_config_class()
+    assert issubclass(config_class, trl.GRPOConfig)
+    yaml_path = tmp_path / "run.yaml"
+    yaml_path.write_text(
+        "advantage: rloo\npolicy_loss: ppo_clip\nloss_options:\n  clip_high: 0.28\n  dual_clip: 3.0\n"
+        "aggregation: token-mean\nsis_top_k: 8\nnum_generations: 4\n"
+    )
+    (args,) = trl.TrlParser((config_class,)).parse_args_and_config(
+        ["--config", str(yaml_path), "--output_dir", str(tmp_path / "out"), "--advantage_options", '{"eps": 0.001}']
+    )
+    assert isinstance(args, config_class)
+    assert (args.advantage, args.policy_loss, args.aggregation, args.sis_top_k) == ("rloo", "ppo_clip", "token-mean", 8)
+    assert args.loss_options == {"clip_high": 0.28, "dual_clip": 3.0}
+    assert args.advantage_options == {"eps": 0.001}  # a JSON string on the command line, parsed as TRL's dict fields
+    saved = json.loads(args.to_json_string())
+    assert {k: saved[k] for k in ("advantage", "loss_options", "aggregation", "sis_top_k")} == {
+        "advantage": "rloo",
+        "loss_options": {"clip_high": 0.28, "dual_clip": 3.0},
+        "aggregation": "token-mean",
+        "sis_top_k": 8,
+    }
+
+
+def test_bad_options_fail_when_the_config_is_built(tmp_path: Path) -> None:
+    from posttrain.errors import PosttrainError
+
+    config_class = grpo_config_class()
+    with pytest.raises(PosttrainError, match="aggregation"):
+        config_class(output_dir=str(tmp_path), aggregation="token-median")
+    with pytest.raises(PosttrainError, match="sis_top_k"):
+        config_class(output_dir=str(tmp_path), sis_top_k=0)
+    with pytest.raises(PosttrainError, match="advantage"):
+        config_class(output_dir=str(tmp_path), advantage="gspo")  # a policy loss, not an advantage
+
+
+def test_plain_grpo_config_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.errors import DomainError
+
+    with pytest.raises(DomainError, match="PosttrainGRPOConfig"):
+        grpo_trainer_class()(
+            model=AutoModelForCausalLM.from_pretrained(tiny_dir),
+            reward_funcs=task_reward("addition", digits=1),
+            args=_config(str(tmp_path)),
+        )
+
+
+def test_token_mean_uses_num_items_in_batch_exactly_as_trl_dapo(tiny_dir: Path) -> None:
+    """token-mean divides by the generation batch's token count (TRL's ``num_items_in_batch``), not the micro-batch's."""
+    with tempfile.TemporaryDirectory() as out:
+        ours = _trainer(grpo_trainer_class(), tiny_dir, out, policy_loss="ppo_clip", aggregation="token-mean")
+        theirs = _trainer(trl.GRPOTrainer, tiny_dir, out, loss_type="dapo")
+    theirs.model.load_state_dict(ours.model.state_dict())
+    batch = _fixed_batch(ours.model.config.vocab_size)
+    with torch.no_grad():
+        logp = _token_logps(ours.model, batch)
+    batch["old_per_token_logps"] = logp + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    mask = batch["completion_mask"].bool()
+    n_batch = 3 * int(mask.sum())  # this micro-batch is a third of its generation batch's tokens
+    batch["num_items_in_batch"] = torch.tensor(n_batch)
+    losses, grads = [], []
+    for trainer in (ours, theirs):
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 2  # set by HF's loop during training
+        loss = trainer.compute_loss(trainer.model, batch)
+        losses.append(loss.detach())
+        grads.append(torch.autograd.grad(loss, trainer.model.model.embed_tokens.weight)[0])
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attn = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logp_trl = ours._get_per_token_logps_and_entropies(ours.model, ids, attn, logp.shape[1])[0]
+    per_token, _ = clipped_ratio_loss(logp_trl, batch["old_per_token_logps"], batch["advantages"], mask)
+    steps_per_generation = ours.args.steps_per_generation  # 1 here: TRL's normaliser is N * accumulation / spg
+    expected = (per_token * mask).sum() / (n_batch * 2 / steps_per_generation)
+    torch.testing.assert_close(losses[0], expected.detach())
+    assert not torch.allclose(losses[0], aggregate(per_token, mask, "token-mean").detach() / 2)  # not the local mean
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)

@@ -233,3 +233,134 @@ def test_posttrain_cispo_equals_verl_cispo_in_value_and_gradient(mode: str, low:
     _, metrics = core_algos.get_policy_loss_fn("cispo")(**inputs, **kw)
     assert float(diag.clip_frac) == pytest.approx(metrics["actor/pg_clipfrac"], abs=1e-6)
     assert float(diag.clip_frac) > 0.0 or low >= 1.0  # log-ratios ~ N(0, 0.6^2) leave [0.8, 1.2]: the clip is tested
+
+
+# Through verl's own call sites: the trainer's compute_advantage on a DataProto, and the actor's ppo_loss.
+
+
+def _data_proto(token_rewards: torch.Tensor, mask: torch.Tensor, uids: np.ndarray) -> object:
+    from verl import DataProto
+
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": token_rewards.clone(), "response_mask": mask.clone()},
+        non_tensors={"uid": uids.copy()},
+    )
+
+
+@pytest.mark.parametrize("by_std", [True, False])
+def test_posttrain_grpo_through_verls_compute_advantage_equals_verl_grpo(by_std: bool) -> None:
+    """``algorithm.adv_estimator=posttrain_grpo`` as verl's trainer runs it (ray_trainer.compute_advantage).
+
+    verl's v1 trainer hands every estimator but its own ``grpo`` to this same function.
+    """
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    token_rewards, mask, uids = _batch(8, groups=4, k=4, t=6)
+    results = {}
+    for name in ("posttrain_grpo", "grpo"):
+        config = AlgoConfig(adv_estimator=name, norm_adv_by_std_in_grpo=by_std)
+        out = compute_advantage(
+            _data_proto(token_rewards, mask, uids),
+            adv_estimator=config.adv_estimator,
+            gamma=config.gamma,
+            lam=config.lam,
+            num_repeat=4,
+            norm_adv_by_std_in_grpo=config.norm_adv_by_std_in_grpo,
+            config=config,
+        )
+        results[name] = (out.batch["advantages"], out.batch["returns"])
+    torch.testing.assert_close(results["posttrain_grpo"][0], results["grpo"][0])
+    torch.testing.assert_close(results["posttrain_grpo"][1], results["grpo"][1])
+    by_hand = _by_hand(lambda r: group_normalized_advantages(r, scale_by_std=by_std), token_rewards, mask, uids)
+    torch.testing.assert_close(results["posttrain_grpo"][0], by_hand)
+    assert bool((by_hand != 0).any())
+
+
+def test_posttrain_rloo_through_verls_compute_advantage_equals_verl_rloo() -> None:
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    token_rewards, mask, uids = _batch(9)
+    outs = [
+        compute_advantage(
+            _data_proto(token_rewards, mask, uids), adv_estimator=name, config=AlgoConfig(adv_estimator=name)
+        )
+        for name in ("posttrain_rloo", "rloo")
+    ]
+    torch.testing.assert_close(outs[0].batch["advantages"], outs[1].batch["advantages"])
+
+
+def _engine_micro_batch(inputs: dict[str, torch.Tensor], *, prompt_len: int, dp_size: int, scale: int) -> tuple:
+    """A padded micro-batch as verl's engine hands it to ``ppo_loss``, and the model output it expects.
+
+    verl's model output holds one log-prob per token of the unpadded ``prompt + response`` sequences,
+    shifted left by one (position ``P - 1 + j`` holds response token ``j``); ``ppo_loss`` cuts it back to
+    ``[B, T]`` with ``no_padding_2_padding``. Here the output is built from ``log_prob`` so the gradient
+    reaches it.
+    """
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    mask = inputs["response_mask"]
+    b, t = mask.shape
+    lengths = mask.sum(-1)
+    log_prob = inputs["log_prob"]
+    pieces = []
+    for i in range(b):
+        n = int(lengths[i])
+        filler = log_prob.new_zeros(prompt_len - 1)
+        pieces += [filler, log_prob[i, :n], log_prob.new_zeros(1)]
+    flat = torch.cat(pieces)
+    attention = torch.cat([torch.ones(b, prompt_len, dtype=torch.long), mask.long()], dim=1)
+    data = TensorDict(
+        {
+            "prompts": torch.ones(b, prompt_len, dtype=torch.long),
+            "responses": torch.ones(b, t, dtype=torch.long),
+            "attention_mask": attention,
+            "response_mask": mask.long(),
+            "old_log_probs": inputs["old_log_prob"],
+            "advantages": inputs["advantages"],
+        },
+        batch_size=[b],
+    )
+    tu.assign_non_tensor(data, dp_size=dp_size, batch_num_tokens=int(mask.sum()) * scale, global_batch_size=b * scale)
+    return {"log_probs": flat}, data
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("ours", "builtin"), [("posttrain_ppo_clip", "vanilla"), ("posttrain_cispo", "cispo")])
+def test_policy_loss_through_verls_ppo_loss_equals_the_builtin(ours: str, builtin: str, mode: str) -> None:
+    """``actor.policy_loss.loss_mode=posttrain_*`` as verl's actor computes its loss (workers/utils/losses.ppo_loss).
+
+    ppo_loss fills ``global_batch_info`` from the micro-batch (two data-parallel ranks, a micro-batch a
+    quarter of the global batch here), looks the loss up by name and calls it with verl's keywords.
+    """
+    from verl.workers.utils.losses import ppo_loss
+
+    inputs = _policy_inputs(11)
+    values, grads = [], []
+    for loss_mode in (ours, builtin):
+        lp = inputs["log_prob"].detach().clone().requires_grad_()
+        from verl.workers.config.actor import PolicyLossConfig
+
+        config = _actor(
+            loss_agg_mode=mode,
+            clip_ratio_high=0.28,
+            loss_scale_factor=8,
+            policy_loss=PolicyLossConfig(loss_mode=loss_mode),
+        )
+        output, data = _engine_micro_batch({**inputs, "log_prob": lp}, prompt_len=3, dp_size=2, scale=4)
+        loss, metrics = ppo_loss(config, output, data)
+        assert "actor/pg_loss" in metrics
+        assert config.global_batch_info["batch_num_tokens"] == 4 * int(inputs["response_mask"].sum())
+        direct, _ = core_algos.get_policy_loss_fn(loss_mode)(  # the same loss on the padded tensors
+            **{**inputs, "log_prob": lp}, loss_agg_mode=mode, config=config
+        )
+        torch.testing.assert_close(loss, direct)  # ppo_loss cut verl's flat model output back to our rows
+        (grad,) = torch.autograd.grad(loss, lp)
+        values.append(loss.detach())
+        grads.append(grad)
+    torch.testing.assert_close(values[0], values[1])
+    torch.testing.assert_close(grads[0], grads[1])
+    assert bool((grads[0] != 0).any())

@@ -1,0 +1,213 @@
+r"""Distillation methods as :class:`~posttrain.llm.methods.algorithm.Algorithm` bundles (specs 01 and 13, LLM lift).
+
+**OPD-then-RL** (:func:`opd_then_rl_algorithm`, ``algorithm.method: opd_then_rl``). The bundle at step :math:`s` (counted from 1) is a pure function of :math:`s`
+and of the validation scores logged so far: while the OPD phase holds it declares ``logp_teacher``
+and its advantage is :func:`~posttrain.estimators.distill_rules.opd_then_rl_advantages` with the OPD
+signal :math:`d_t = \ell^T_t - \ell^{old}_t`; after the switch it declares no teacher (the trainer runs
+no teacher forward) and the same estimator returns GRPO's group-normalised advantage. One optimiser
+and one PPO-clip loss throughout, as in the paper. The switch is either a fixed step
+(``switch_step``: OPD for steps :math:`1..S`, :func:`~posttrain.estimators.distill_rules.opd_phase`) or
+the validation-score rule ``switch_rule: plateau``: the step after the first evaluation at which
+:func:`~posttrain.estimators.distill_rules.plateau_switch_step` (``window``, ``min_gain``) finds a
+plateau in the scores the trainer passes (``logging.eval_metric`` every ``logging.eval_every`` steps).
+The rule only reads a prefix of the score history and its answer never changes once given, so the
+switch is permanent. Every step logs ``opd_then_rl/teacher_phase`` (1 in the OPD phase, 0 after).
+Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
+
+**ExOPD** (:func:`exopd_algorithm`, ``algorithm.method: exopd``): PPO-clip on the per-token reward
+:func:`~posttrain.estimators.delta_distill.exopd_advantages`
+:math:`s[\lambda(\ell^*-\ell^{ref})-(\ell^{old}-\ell^{ref})]` with the rollout-time student
+log-prob :math:`\ell^{old}`. It declares ``logp_teacher`` (``model.teacher``) and ``logp_ref``;
+spec 13's reference is the teacher-base, set with ``model.reference`` (default: the initial
+policy). Token-mean aggregation as in spec 13's toy.
+
+**OPD²** (:func:`opd2_algorithm`, ``algorithm.method: opd2``): PPO-clip on
+:func:`~posttrain.estimators.delta_distill.opd2_advantages` (centred delta teacher-minus-teacher-base,
+sign-gated by the centred OPD advantage, scale 0.1). It declares the student's top-K support
+``topk_ids`` (K = ``algorithm.topk``, the sampled id forced in) and the ``[B, T, K]`` log-probs of
+student, teacher (``model.teacher``) and teacher-base (``model.reference``) on it, filled by
+:mod:`posttrain.llm.methods.topk` with one batched no-grad forward per model. The sampled-token
+log-probs of the three models are the support column holding the sampled id
+(:func:`~posttrain.estimators.delta_distill.sampled_on_support`), so no further forward runs; the
+student's values come from the trainer-side forward at fill time (the PPO ratio keeps the engine's
+``logp_old``). Token-mean aggregation. Simplification: the teacher and teacher-base score the
+student's prompt ids (one tokenizer and no per-model chat template, unlike spec 13 §4).
+Reference: Heo, Hwang, Yun, Han 2026, On-Policy Delta Distillation (arXiv:2607.15161).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.errors import DomainError
+from posttrain.estimators import group_normalized_advantages
+from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages, sampled_on_support
+from posttrain.estimators.distill import eos_teacher_mask, opd_token_advantages
+from posttrain.estimators.distill_rules import opd_phase, opd_then_rl_advantages, plateau_switch_step
+from posttrain.llm.methods.algorithm import GRPO, Algorithm, UpdateContext, preset_algorithm
+from posttrain.llm.rollout.batch import RolloutBatch
+
+__all__ = ["OPD2_NEEDS", "exopd_algorithm", "opd2_algorithm", "opd_then_rl_algorithm"]
+
+OPD2_NEEDS = frozenset({"topk_ids", "topk_logp_old", "topk_logp_teacher", "topk_logp_ref"})
+"""The batch fields OPD² declares besides ``logp_old``."""
+
+SWITCH_RULES = ("plateau",)
+
+
+def _ppo_clip(horizon: int, aggregation: str, clip_low: float, clip_high: float) -> Algorithm:
+    """The GRPO preset with the given aggregation and clip range: the loss every bundle here shares."""
+    return preset_algorithm(
+        GRPO,
+        horizon=horizon,
+        aggregation=aggregation,
+        loss_options={"clip_low": clip_low, "clip_high": clip_high},
+    )
+
+
+Hook = Callable[[RolloutBatch, Any, UpdateContext], tuple[RolloutBatch, Any, dict[str, Tensor]]]
+
+
+def _phase_metric(teacher: bool) -> Hook:
+    """A ``before_update`` hook that leaves the batch alone and logs ``opd_then_rl/teacher_phase``."""
+    value = torch.tensor(1.0 if teacher else 0.0)
+
+    def hook(batch: RolloutBatch, state: Any, ctx: UpdateContext) -> tuple[RolloutBatch, Any, dict[str, Tensor]]:
+        return batch, state, {"opd_then_rl/teacher_phase": value}
+
+    return hook
+
+
+def opd_then_rl_algorithm(
+    horizon: int,
+    *,
+    switch_step: int | None = None,
+    switch_rule: str | None = None,
+    window: int = 10,
+    min_gain: float = 0.005,
+    aggregation: str = "seq-mean-token-mean",
+    mask_final_token: bool = False,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> Algorithm:
+    """The OPD-then-RL bundle: OPD, then GRPO from the switch on (``algorithm.options``).
+
+    Give exactly one of ``switch_step`` (OPD for steps ``1..switch_step``) and ``switch_rule="plateau"``
+    (OPD until :func:`~posttrain.estimators.distill_rules.plateau_switch_step` with ``window`` and
+    ``min_gain`` finds a plateau in the validation scores so far; then GRPO for good).
+
+    Example:
+        >>> alg = opd_then_rl_algorithm(8, switch_step=2)
+        >>> sorted(alg.at(2).needs), sorted(alg.at(3).needs)
+        (['logp_old', 'logp_teacher'], ['logp_old'])
+        >>> rule = opd_then_rl_algorithm(8, switch_rule="plateau", window=1, min_gain=0.05)
+        >>> [sorted(rule.at(9, scores).needs) for scores in ((0.1, 0.3), (0.1, 0.3, 0.31))]
+        [['logp_old', 'logp_teacher'], ['logp_old']]
+    """
+    if (switch_step is None) == (switch_rule is None):
+        raise DomainError(
+            f"switch_step, switch_rule: give exactly one (a step, or one of {SWITCH_RULES}), got {switch_step!r}, {switch_rule!r}"
+        )
+    if switch_rule is not None and switch_rule not in SWITCH_RULES:
+        raise DomainError(f"switch_rule: expected one of {SWITCH_RULES}, got {switch_rule!r}")
+    if switch_step is not None and int(switch_step) < 0:
+        raise DomainError(f"switch_step: expected an integer >= 0, got {switch_step!r}")
+    if switch_rule is not None:
+        plateau_switch_step(torch.zeros(0, dtype=torch.float64), window=window, min_gain=min_gain)  # checks window
+    grpo = _ppo_clip(horizon, aggregation, clip_low, clip_high)
+
+    def last_opd_step(step: int, scores: tuple[float, ...]) -> int:
+        """``switch_step``, or for the rule ``step`` (still OPD) / ``step - 1`` (switched): the phase is all that matters."""
+        if switch_step is not None:
+            return int(switch_step)
+        plateau = plateau_switch_step(torch.tensor(scores, dtype=torch.float64), window=window, min_gain=min_gain)
+        return step if plateau is None else step - 1
+
+    def at(step: int, scores: tuple[float, ...] = ()) -> Algorithm:
+        switch = last_opd_step(step, scores)
+        teacher = opd_phase(step, switch)
+
+        def advantage(batch: RolloutBatch) -> Tensor:
+            opd = None
+            if teacher:
+                assert batch.logp_teacher is not None and batch.logp_old is not None  # declared in `needs`
+                tm = eos_teacher_mask(batch.mask) if mask_final_token else None
+                opd = opd_token_advantages(batch.logp_teacher, batch.logp_old, batch.mask, teacher_mask=tm)
+            return opd_then_rl_advantages(
+                group_normalized_advantages(batch.grouped_rewards()).reshape(-1),
+                opd,
+                batch.mask,
+                step=step,
+                switch_step=switch,
+            )
+
+        needs = grpo.needs | ({"logp_teacher"} if teacher else set())
+        return dataclasses.replace(grpo, advantage=advantage, needs=needs, before_update=_phase_metric(teacher))
+
+    union = grpo.needs | ({"logp_teacher"} if switch_step is None or switch_step > 0 else set())
+    return dataclasses.replace(at(1), needs=union, schedule=at)
+
+
+def exopd_algorithm(
+    horizon: int,
+    *,
+    lam: float = 1.25,
+    scale: float = 0.1,
+    aggregation: str = "token-mean",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> Algorithm:
+    """The ExOPD bundle (``lam`` = 1.25 and ``scale`` = 0.1 as in spec 13; ``lam`` = 1 is OPD for any reference).
+
+    Example:
+        >>> sorted(exopd_algorithm(8).needs)
+        ['logp_old', 'logp_ref', 'logp_teacher']
+    """
+    base = _ppo_clip(horizon, aggregation, clip_low, clip_high)
+
+    def advantage(batch: RolloutBatch) -> Tensor:
+        assert batch.logp_old is not None and batch.logp_teacher is not None and batch.logp_ref is not None
+        return exopd_advantages(batch.logp_old, batch.logp_teacher, batch.logp_ref, batch.mask, lam=lam, scale=scale)
+
+    return dataclasses.replace(base, advantage=advantage, needs=base.needs | {"logp_teacher", "logp_ref"})
+
+
+def opd2_algorithm(
+    horizon: int,
+    *,
+    scale: float = 0.1,
+    bias: float = 0.0,
+    use_delta: bool = True,
+    center: bool = True,
+    condition: bool = True,
+    aggregation: str = "token-mean",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> Algorithm:
+    """The OPD² bundle (spec 13 defaults; ``use_delta``/``center``/``condition`` are the paper's ablations).
+
+    Example:
+        >>> sorted(opd2_algorithm(8).needs)
+        ['logp_old', 'topk_ids', 'topk_logp_old', 'topk_logp_ref', 'topk_logp_teacher']
+    """
+    base = _ppo_clip(horizon, aggregation, clip_low, clip_high)
+    options: dict[str, Any] = {
+        "scale": scale,
+        "bias": bias,
+        "use_delta": use_delta,
+        "center": center,
+        "condition": condition,
+    }
+
+    def advantage(batch: RolloutBatch) -> Tensor:
+        ids, ls_k, lt_k, lb_k = batch.topk_ids, batch.topk_logp_old, batch.topk_logp_teacher, batch.topk_logp_ref
+        assert ids is not None and ls_k is not None and lt_k is not None and lb_k is not None  # declared in `needs`
+        ls, lt, lb = (sampled_on_support(x, ids, batch.response_ids, batch.mask) for x in (ls_k, lt_k, lb_k))
+        return opd2_advantages(ls, lt, lb, ls_k, lt_k, lb_k, batch.mask, **options)
+
+    return dataclasses.replace(base, advantage=advantage, needs=base.needs | OPD2_NEEDS)

@@ -1,0 +1,93 @@
+"""Selective importance sampling in the LLM trainer (spec 16, section 9), with any ratio-based loss.
+
+SIS is a bundle hook, not a trainer: :func:`sis_algorithm` (``algorithm.method: sis``, options
+``base`` and ``top_k``) is a method preset's bundle (``base``, default GRPO) plus a
+``before_update`` hook (:func:`sis_before_update`) that the loop calls before every optimizer step:
+
+- at a batch's first update the policy is still the behaviour policy: one no-grad forward stores
+  the behaviour top-K token ids and log-probs at every response position (``[B, T, K]``) as the
+  hook's explicit state;
+- at every update, one no-grad forward of the current policy gives its log-probs of the sampled
+  tokens and at the behaviour top-K ids; the rejection test
+  (:func:`~posttrain.estimators.sis.sis_rejection_test`, fresh uniforms in the log-probs' dtype, float32
+  or wider, from the update's seed) decides which tokens are accepted, and the update's ``logp_old`` is :func:`~posttrain.estimators.sis.sis_logp_old` (the current log-prob on accepted
+  tokens). The bundle's own loss (PPO-clip, GSPO, ...) then sees a ratio of 1 with gradient
+  :math:`\\nabla\\log\\pi_\\theta` on accepted tokens and the ordinary ratio on rejected ones.
+
+Cost: one extra forward per optimizer step (logits of the response positions only). With
+micro-batching the gradient forward may differ from the no-grad one in the last bits, so an
+accepted token's ratio is 1 up to rounding (always inside any clip range). Logged:
+``sis/accept_rate`` and ``sis/d_orig``, ``sis/d_sis`` (mean cumulative absolute log-ratio per
+response), averaged over the step's updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posttrain.errors import DomainError
+from posttrain.estimators import masked_mean
+from posttrain.estimators.sis import sis_divergence, sis_logp_old, sis_rejection_test, token_in_topk
+from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
+from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.rollout.logprobs import vocab_log_softmax
+
+__all__ = ["response_log_probs", "sis_algorithm", "sis_before_update"]
+
+
+def response_log_probs(model: Any, batch: RolloutBatch, temperature: float) -> Tensor:
+    """``[B, T, V]`` log-softmax of the logits predicting each response token (no grad)."""
+    with torch.no_grad():
+        return vocab_log_softmax(model, batch, temperature=temperature)
+
+
+SisState = tuple[Tensor, Tensor]
+"""``(topk_idx [B, T, K], behaviour topk logp [B, T, K])`` of the current rollout batch."""
+
+
+def sis_before_update(
+    top_k: int,
+) -> Callable[[RolloutBatch, SisState | None, UpdateContext], tuple[RolloutBatch, SisState, dict[str, Tensor]]]:
+    """The SIS ``before_update`` hook with a behaviour envelope of ``top_k`` ids (capped at the vocabulary)."""
+
+    def hook(
+        batch: RolloutBatch, state: SisState | None, ctx: UpdateContext
+    ) -> tuple[RolloutBatch, SisState, dict[str, Tensor]]:
+        if batch.logp_old is None:
+            raise DomainError("batch: logp_old (behaviour log-probs) must be filled before SIS")
+        cur = response_log_probs(ctx.model, batch, ctx.temperature)
+        if state is None:  # first update of the batch: the policy is the behaviour policy
+            top = cur.topk(min(int(top_k), cur.shape[-1]), dim=-1)
+            state = (top.indices, top.values)
+        idx, old_topk = state
+        logp = cur.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+        logp = torch.where(batch.mask, logp, torch.zeros((), dtype=logp.dtype))
+        logp_old = batch.logp_old.to(logp.dtype)
+        gen = torch.Generator().manual_seed(ctx.seed)
+        u = torch.rand(logp.shape, generator=gen, dtype=logp.dtype)  # float32 or wider (logp is)
+        in_topk = token_in_topk(batch.response_ids, idx)
+        accepted = sis_rejection_test(logp, logp_old, cur.gather(-1, idx), old_topk, in_topk, u) & batch.mask
+        d_orig, d_sis = sis_divergence(logp, logp_old, accepted, batch.mask)
+        metrics = {
+            "sis/accept_rate": masked_mean(accepted.to(logp.dtype), batch.mask),
+            "sis/d_orig": d_orig.mean(),
+            "sis/d_sis": d_sis.mean(),
+        }
+        effective = sis_logp_old(logp, logp_old, accepted).to(batch.logp_old.dtype)
+        return batch.replace(logp_old=effective), state, metrics
+
+    return hook
+
+
+def sis_algorithm(inner: Algorithm, *, base: str, top_k: int = 100) -> Algorithm:
+    """``inner`` (the ``base`` method's bundle) with the SIS hook (``algorithm.method: sis``)."""
+    if int(top_k) < 1:
+        raise DomainError(f"top_k: expected an integer >= 1, got {top_k!r}")
+    if inner.schedule is not None or inner.before_update is not None:
+        raise DomainError(f"base: SIS wraps an unscheduled method without its own hook, got {base!r}")
+    return dataclasses.replace(inner, before_update=sis_before_update(top_k))

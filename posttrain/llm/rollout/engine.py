@@ -1,0 +1,251 @@
+"""Rollout engines behind one Protocol, their sampling options and prompt padding.
+
+An engine turns G prompts (token id lists) into B = G*K sampled responses with the behaviour
+log-prob of every sampled token. Two implementations: :class:`HFEngine` (the transformers model's
+forward with its KV cache in a batched sampling loop that draws what ``model.generate`` draws) here
+and ``VLLMEngine`` in :mod:`posttrain.llm.rollout.vllm`.
+
+Log-prob convention (both engines and :func:`~posttrain.llm.rollout.logprobs.token_logprobs`): the log-softmax of the
+temperature-scaled logits over the full vocabulary, :math:`\\log\\mathrm{softmax}(z/\\tau)_{y_t}`.
+With ``top_p < 1`` or ``top_k > 0`` the sampler draws from a truncated distribution; the
+log-probs stay the full-vocabulary ones (vLLM's ``processed_logprobs`` instead renormalises over
+the kept tokens), so keep ``top_p = 1, top_k = 0`` when the importance ratio must be exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from posttrain.errors import DomainError
+from posttrain.llm.rollout.logprobs import position_ids, widened
+from posttrain.validate import check_positive
+
+__all__ = [
+    "HFEngine",
+    "RolloutEngine",
+    "Rollouts",
+    "SamplingConfig",
+    "left_pad",
+    "response_mask",
+]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How responses are sampled: ``temperature > 0``, ``top_p in (0, 1]``, ``top_k = 0`` for no cut."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive("max_new_tokens", self.max_new_tokens)
+        check_positive("temperature", self.temperature)
+        if not 0.0 < self.top_p <= 1.0:
+            raise DomainError(f"top_p: expected a value in (0, 1], got {self.top_p!r}")
+        if self.top_k < 0:
+            raise DomainError(f"top_k: expected >= 0 (0 = no cut), got {self.top_k!r}")
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """What an engine returns: B = G*K responses, the K samples of prompt g in rows ``g*K .. g*K+K-1``.
+
+    ``prompt_ids``/``prompt_mask`` are ``[B, P]`` (left-padded), ``response_ids``/``mask``/``logp``
+    are ``[B, T]`` (right-padded; ``mask`` covers the response up to and including ``<eos>``;
+    ``logp`` is 0 off the mask).
+    """
+
+    prompt_ids: Int[Tensor, "B P"]
+    prompt_mask: Bool[Tensor, "B P"]
+    response_ids: Int[Tensor, "B T"]
+    mask: Bool[Tensor, "B T"]
+    logp: Float[Tensor, "B T"]
+    group_size: int
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples K responses per prompt with behaviour log-probs; follows the trainer's weights."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, seed: int, greedy: bool = False) -> Rollouts:
+        """K = ``n`` responses for each prompt; ``seed`` fixes the sampling noise of this call."""
+        ...
+
+    def sync_weights(self, model: Any) -> None:
+        """Make the engine sample from ``model``'s current weights (a no-op when it shares them)."""
+        ...
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor, "G P"], Bool[Tensor, "G P"]]:
+    """Left-pad token id lists into ``([G, P] ids, [G, P] mask)``.
+
+    Example:
+        >>> ids, m = left_pad([[5, 6], [7]], pad_id=0)
+        >>> ids.tolist(), m.tolist()
+        ([[5, 6], [0, 7]], [[True, True], [False, True]])
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise DomainError("prompts: expected a non-empty list of non-empty token id lists")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[row, width - len(p) :] = True
+    return ids, mask
+
+
+def response_mask(response_ids: Int[Tensor, "B T"], eos_id: int) -> Bool[Tensor, "B T"]:
+    """True up to and including the first ``eos_id`` of each row (the whole row if there is none).
+
+    Example:
+        >>> response_mask(torch.tensor([[5, 3, 0], [5, 6, 7]]), eos_id=3).tolist()
+        [[True, True, False], [True, True, True]]
+    """
+    is_eos = (response_ids == eos_id).long()
+    return (is_eos.cumsum(dim=1) - is_eos) == 0
+
+
+def _truncated(z: Float[Tensor, "B V"], *, top_k: int, top_p: float) -> Float[Tensor, "B V"]:
+    """``z`` with the logits outside the ``top_k`` largest, then outside the ``top_p`` nucleus, set to ``-inf``.
+
+    The rules of transformers' ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (ties at the k-th
+    logit are kept; the nucleus is the smallest set of largest probabilities whose mass exceeds
+    ``1 - top_p``, never empty), so sampling equals ``model.generate``'s for the same seed.
+    ``top_k = 0`` and ``top_p = 1`` cut nothing.
+
+    Example:
+        >>> _truncated(torch.tensor([[0.0, 1.0, 2.0]]), top_k=2, top_p=1.0).tolist()
+        [[-inf, 1.0, 2.0]]
+    """
+    if top_k:
+        kth = torch.topk(z, min(top_k, z.shape[-1]), dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, -torch.inf)
+    if top_p < 1.0:
+        ascending, order = torch.sort(z, dim=-1)
+        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p
+        drop[..., -1] = False
+        z = z.masked_fill(drop.scatter(-1, order, drop), -torch.inf)
+    return z
+
+
+class HFEngine:
+    """Rollouts from the training model itself: its forward with a KV cache (``DynamicCache``) in a batched sampling loop.
+
+    The loop samples exactly what transformers' ``model.generate(do_sample=True, temperature, top_k,
+    top_p)`` samples for the same seed on CPU (same warpers, same ``multinomial`` draws, rows that hit
+    ``<eos>`` continue with ``<pad>``, stop when every row is done or at ``max_new_tokens``), but
+    keeps only the ``[B]`` log-probs of each step's sampled tokens instead of ``[B, V]`` logits
+    per step (``generate``'s ``output_logits``: ``B x T x V`` floats at the end), skips
+    ``generate``'s per-call configuration and per-step processor machinery, and ignores the
+    model's ``generation_config`` (a checkpoint's default repetition penalty or top-p would change
+    the sampling distribution behind the trainer's back). ``greedy`` takes the argmax. Log-probs and
+    sampling use the model's precision, at least float32 (``generate`` rounds float64 logits to
+    float32), so a float64 model's behaviour log-probs match :func:`~posttrain.llm.rollout.logprobs.token_logprobs` to float64 precision.
+
+    Sampling noise comes from a ``torch.Generator`` seeded with ``seed`` (a call is reproducible and
+    leaves the global RNG untouched). It runs under ``torch.inference_mode`` (no autograd bookkeeping
+    on the many small decode ops), except with ``synced_gpus``: an FSDP2-sharded model, whose every
+    forward is a collective and whose gathered parameters are later trained (``no_grad`` there);
+    each rank then keeps stepping until all ranks are done (one all-reduce per token), so ranks whose
+    responses end at different lengths do not deadlock. The returned tensors are ordinary ones,
+    usable in a training forward.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        pad_id: int,
+        eos_id: int,
+        sampling: SamplingConfig | None = None,
+        synced_gpus: bool = False,
+    ) -> None:
+        self.model = model
+        self.pad_id = int(pad_id)
+        self.eos_id = int(eos_id)
+        self.sampling = sampling or SamplingConfig()
+        self.synced_gpus = synced_gpus
+
+    def sync_weights(self, model: Any) -> None:
+        """The engine samples from the training model object, so there is nothing to copy."""
+        self.model = model
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, n: int, seed: int, greedy: bool = False) -> Rollouts:
+        ids, pmask = left_pad(prompts, self.pad_id)
+        device = next(self.model.parameters()).device
+        ids, pmask = ids.repeat_interleave(n, dim=0).to(device), pmask.repeat_interleave(n, dim=0).to(device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad() if self.synced_gpus else torch.inference_mode():
+                response, logp = self._sample(ids, pmask, generator, greedy=greedy)
+        finally:
+            self.model.train(was_training)
+        response, logp = response.clone(), logp.clone()  # ordinary tensors (autograd may save them)
+        mask = response_mask(response, self.eos_id)
+        logp = torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+        return Rollouts(ids, pmask, response, mask, logp, group_size=n)
+
+    def _sample(
+        self, ids: Int[Tensor, "B P"], pmask: Bool[Tensor, "B P"], generator: torch.Generator, *, greedy: bool
+    ) -> tuple[Int[Tensor, "B T"], Float[Tensor, "B T"]]:
+        """Token ids and log-probs :math:`\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}` of up to ``max_new_tokens`` steps."""
+        from transformers import DynamicCache
+
+        s, rows = self.sampling, ids.shape[0]
+        tau = 1.0 if greedy else s.temperature
+        attn = pmask.long()
+        positions = position_ids(attn)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        position = positions[:, -1:]
+        running = torch.ones(rows, dtype=torch.bool, device=ids.device)
+        tokens, logps = [], []
+        for step in range(s.max_new_tokens):
+            z = widened(out.logits[:, -1]) / tau  # [B, V]
+            if greedy:
+                y = z.argmax(dim=-1)
+            else:
+                probs = _truncated(z, top_k=s.top_k, top_p=s.top_p).softmax(dim=-1)
+                y = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            y = torch.where(running, y, self.pad_id)
+            tokens.append(y)
+            logps.append(torch.log_softmax(z, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1))
+            running = running & (y != self.eos_id)
+            if step + 1 == s.max_new_tokens or not self._any_running(running):
+                break
+            attn = torch.cat([attn, attn.new_ones(rows, 1)], dim=1)
+            position = position + 1
+            out = self.model(
+                input_ids=y.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+
+    def _any_running(self, running: Bool[Tensor, " B"]) -> bool:
+        """Whether a row still samples, on any rank with ``synced_gpus`` (one host sync per token)."""
+        flag = running.any().to(torch.int32)
+        if self.synced_gpus:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag)

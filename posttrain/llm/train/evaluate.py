@@ -1,0 +1,86 @@
+"""Evaluation on held-out prompts: unbiased pass@k and mean@k over n samples, greedy accuracy, length, entropy.
+
+Held-out prompts come from ``random.Random(seed + HELD_OUT_OFFSET)``, a stream the training data
+(``random.Random(seed)``) never uses; with a finite task (JSONL) the two can still overlap.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from posttrain.errors import DomainError
+from posttrain.estimators import mean_at_k, pass_at_k
+from posttrain.llm.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
+from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.tasks import Task
+from posttrain.llm.rollout.text import encode_prompts, score_responses
+
+__all__ = ["HELD_OUT_OFFSET", "evaluate", "held_out_problems"]
+
+HELD_OUT_OFFSET = 1_000_003
+
+
+def held_out_problems(task: Task, seed: int, n: int) -> list[Any]:
+    """``n`` evaluation problems, disjoint in RNG stream from training."""
+    return task.sample(random.Random(seed + HELD_OUT_OFFSET), n)
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    *,
+    n_prompts: int,
+    n_samples: int,
+    ks: Sequence[int] = (1,),
+    seed: int = 0,
+    sampling: SamplingConfig | None = None,
+    chat_template: bool = False,
+    system: str | None = None,
+    engine: RolloutEngine | None = None,
+) -> dict[str, float]:
+    """Metrics of ``model`` on ``n_prompts`` held-out problems, ``n_samples`` samples each.
+
+    Returns a flat dict: ``pass@k`` and ``mean@k`` for each k (unbiased, Chen et al. 2021,
+    averaged over prompts), ``reward_mean`` (mean sampled reward), ``greedy_accuracy``,
+    ``response_len`` (mean sampled tokens, ``<eos>`` included) and ``entropy`` (mean token entropy
+    along the sampled responses, nats).
+    """
+    if any(k < 1 or k > n_samples for k in ks):
+        raise DomainError(f"ks: every k must be in [1, n_samples={n_samples}], got {list(ks)}")
+    sampling = sampling or SamplingConfig()
+    engine = engine or HFEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, sampling=sampling)
+    problems = held_out_problems(task, seed, n_prompts)
+    prompts = encode_prompts(tokenizer, [p.prompt for p in problems], chat_template=chat_template, system=system)
+
+    def rewards_of(r: Any, n: int) -> np.ndarray:
+        return np.array(score_responses(tokenizer, task, problems, r.response_ids, r.mask, n)[0], dtype=np.float64)
+
+    sampled = engine.generate(prompts, n=n_samples, seed=seed + HELD_OUT_OFFSET)
+    rewards = rewards_of(sampled, n_samples).reshape(n_prompts, n_samples)
+    correct = (rewards >= 1.0).sum(axis=1)
+    with torch.no_grad():
+        _, entropy = token_logprobs(
+            model,
+            sampled.prompt_ids,
+            sampled.prompt_mask,
+            sampled.response_ids,
+            sampled.mask,
+            temperature=sampling.temperature,
+            with_entropy=True,
+        )
+    assert entropy is not None
+    greedy = engine.generate(prompts, n=1, seed=seed, greedy=True)
+    mask = sampled.mask
+    out = {f"pass@{k}": float(pass_at_k(n_samples, correct, k).mean()) for k in ks}
+    out.update({f"mean@{k}": float(mean_at_k(n_samples, correct, k).mean()) for k in ks})
+    out["reward_mean"] = float(rewards.mean())
+    out["greedy_accuracy"] = float((rewards_of(greedy, 1) >= 1.0).mean())
+    out["response_len"] = float(mask.sum(dim=1).float().mean())
+    out["entropy"] = float(entropy[mask].mean())
+    return out

@@ -1,0 +1,98 @@
+"""The trainer's per-step log: the ``metrics.jsonl`` row and its RACE FLOP accounting.
+
+Metrics per step: ``step``, ``reward_mean``, ``reward_std``, ``kl`` (mean estimator value to the
+reference model, null without a KL term), ``entropy`` (mean token entropy of the sampled
+responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``, ``clip_frac`` and ``policy_kl``
+(last update), ``logp_gap`` (mean ``|logp_old - logp|`` at the first, on-policy update: the
+engine/trainer mismatch), ``gen_time_s``, ``step_time_s``, the FLOP split, then the metrics of the
+bundle's hook (averaged over the updates) and of the rollout stages.
+
+FLOPs per step (RACE accounting, :func:`posttrain.theory.race_flops.flops_per_step`, arXiv:2607.13389):
+``flops/search``, ``flops/learning``, ``flops/reward``, ``flops/total``, ``flops/p`` from the step's
+actual prompt and response token counts, every rollout trained ``updates_per_batch`` times, a
+reference forward when the algorithm needs ``logp_ref``, a rule verifier (0 reward FLOPs). ``N``
+is :func:`policy_cost`'s count of the model's non-embedding matrices. Not counted: other filled
+needs (teacher forwards) and extra forwards of hooks and stages (SIS, replay re-scoring, RAIL features).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.theory.race_flops import FlopSplit, PolicyCost, flops_per_step
+
+__all__ = ["policy_cost", "step_flops", "step_metrics"]
+
+
+def policy_cost(model: torch.nn.Module) -> PolicyCost:
+    """RACE size facts of a causal LM: ``N`` = elements of its weight matrices other than the input and
+    output embeddings (biases and norms excluded, as in ``posttrain flops``); ``n_layer``, ``d_model``
+    from the HF config when present."""
+    bare = getattr(model, "module", model)
+    skip: set[int] = set()
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        emb = getattr(bare, get, lambda: None)()
+        if emb is not None:
+            skip.update(id(p) for p in emb.parameters())
+    n = sum(p.numel() for p in bare.parameters() if p.ndim >= 2 and id(p) not in skip)
+    config = getattr(bare, "config", None)
+    return PolicyCost(
+        float(n),
+        n_layer=int(getattr(config, "num_hidden_layers", 0) or 0),
+        d_model=int(getattr(config, "hidden_size", 0) or 0),
+    )
+
+
+def step_flops(batch: RolloutBatch, cost: PolicyCost, *, epochs: int, ref_forward: bool, world: int) -> FlopSplit:
+    """The RACE FLOP split of one step on ``batch`` (summed over ``world`` data-parallel ranks: a collective)."""
+    g, k = batch.num_groups, batch.group_size
+    split = flops_per_step(
+        batch.prompt_mask.sum(-1).reshape(g, k)[:, 0].cpu().numpy(),  # [G] (the K rows share the prompt)
+        batch.mask.sum(-1).reshape(g, k).cpu().numpy(),  # [G, K]
+        policy=cost,
+        epochs=epochs,
+        ref_forward=ref_forward,
+    )
+    if world == 1:
+        return split
+    parts = torch.tensor([split.search, split.learning, split.reward], dtype=torch.float64)
+    dist.all_reduce(parts)
+    return FlopSplit(*(float(x) for x in parts))
+
+
+def step_metrics(
+    step: int,
+    batch: RolloutBatch,
+    stats: dict[str, float],
+    *,
+    logp_gap: float | None,
+    grad_norm: float,
+    lr: float,
+    gen_time_s: float,
+    step_time_s: float,
+    flops: FlopSplit,
+    extra: dict[str, float],
+) -> dict[str, Any]:
+    """The ``metrics.jsonl`` row of a step; ``stats`` are the last update's loss statistics."""
+    return {
+        "step": step,
+        "reward_mean": float(batch.rewards.mean()),
+        "reward_std": float(batch.rewards.std()) if batch.batch_size > 1 else 0.0,
+        "kl": stats.get("kl"),
+        "entropy": stats["entropy"],
+        "response_len": float(batch.mask.sum(dim=1).float().mean()),
+        "loss": stats["loss"],
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "clip_frac": stats.get("pg/clip_frac"),
+        "policy_kl": stats.get("pg/approx_kl"),
+        "logp_gap": logp_gap,
+        "gen_time_s": gen_time_s,
+        "step_time_s": step_time_s,
+        **flops.as_dict(),
+        **extra,
+    }

@@ -1,0 +1,330 @@
+"""The RL trainer: one loop, generate -> score -> advantages -> log-probs -> loss -> step -> log.
+
+Everything method-specific lives in the :class:`~posttrain.llm.methods.algorithm.Algorithm` bundle; the loop
+only fills what the bundle declares it needs (``Algorithm.needs``) and calls its callables. The bundle
+of step ``s`` is ``algorithm.at(s, scores)``, a pure function of the step and of the validation scores
+logged so far (``logging.eval_metric`` every ``logging.eval_every`` steps). The bundle's own trainable
+modules (``Algorithm.modules``) join the optimizer; its ``before_update`` hook (e.g. SIS) runs before
+every optimizer step with explicit state threaded through the step's updates. Rollout stages
+(:mod:`posttrain.llm.rollout.stages`: HDR replay, RAIL branching) are called at fixed points of every step.
+
+Simplifications (stated, not hidden):
+
+- ``logp_old`` is the rollout engine's behaviour log-prob (no recomputation with the trainer's
+  forward); with the HF engine the two agree to ~1e-6 in float32, with vLLM to its kernels'
+  precision. No mismatch importance weights are applied. No critic.
+- A step is: one rollout batch of G prompts x K samples, then ``updates_per_batch`` optimizer
+  steps on the whole batch, each accumulating gradients over micro-batches of whole groups.
+  Its metrics are listed in :mod:`posttrain.llm.train.step_log`.
+- Data-parallel (``torch.distributed``, DDP or FSDP2, :mod:`posttrain.llm.train.parallel`): every rank samples
+  the same G problems and keeps its contiguous share of the groups; the aggregation normaliser is
+  all-reduced so the loss and the averaged gradient equal one process on the global batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from posttrain.estimators import aggregate, masked_mean
+from posttrain.estimators.aggregate import normaliser
+from posttrain.llm.config import RunConfig
+from posttrain.llm.methods.algorithm import Algorithm, UpdateContext, update_seed
+from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.rollout.engine import RolloutEngine
+from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.stages import RolloutStage, StepContext
+from posttrain.llm.rollout.tasks import Problem, Task
+from posttrain.llm.rollout.text import decode_responses, encode_prompts, score_responses
+from posttrain.llm.train import checkpoint
+from posttrain.llm.train.optim import make_optimizer, make_scheduler, module_parameters
+from posttrain.llm.train.parallel import (
+    average_gradients,
+    clip_gradients,
+    gradient_sync,
+    rank_and_world,
+    synced_engine,
+)
+from posttrain.llm.train.step_log import policy_cost, step_flops, step_metrics
+
+__all__ = ["Trainer", "make_optimizer", "make_scheduler", "policy_cost"]
+
+Filler = Callable[[RolloutBatch], torch.Tensor]
+
+
+class Trainer:
+    """Owns the model, optimizer, data stream and run directory; :meth:`fit` runs the loop.
+
+    Args:
+        cfg: the run configuration. model: the policy (an HF causal LM, possibly wrapped in DDP or sharded
+            with FSDP2's ``fully_shard``). tokenizer: its tokenizer. task: samples problems, scores completions.
+        engine: the rollout engine. algorithm: the method's callables.
+        out_dir: run directory (``metrics.jsonl``, ``checkpoints/``); None writes nothing.
+        fillers: how to compute each extra batch field the algorithm may need (``logp_ref``, ...).
+        stages: rollout stages, called in order (:mod:`posttrain.llm.rollout.stages`).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        model: Any,
+        tokenizer: Any,
+        task: Task,
+        engine: RolloutEngine,
+        algorithm: Algorithm,
+        out_dir: str | Path | None = None,
+        fillers: dict[str, Filler] | None = None,
+        stages: Sequence[RolloutStage] = (),
+    ) -> None:
+        self.cfg, self.model, self.tokenizer, self.task = cfg, model, tokenizer, task
+        self.engine, self.algorithm, self.stages = engine, algorithm, tuple(stages)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.fillers = fillers or {}
+        self.policy_cost = policy_cost(model)
+        missing = sorted(n for n in algorithm.needs if n != "logp_old" and n not in self.fillers)
+        if missing:
+            raise ValueError(
+                f"algorithm needs {missing} but the trainer has no way to compute them (e.g. set model.teacher)"
+            )
+        self.optimizer = make_optimizer(cfg, model, modules=algorithm.modules)  # + the bundle's own modules
+        self.scheduler = make_scheduler(cfg, self.optimizer)
+        self.val_scores: list[float] = []
+        self.data_rng = random.Random(cfg.seed)
+        self.step = 0
+        self.rank, self.world = rank_and_world()
+        if cfg.data.prompts_per_step % self.world:
+            raise ValueError(
+                f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple of the world size {self.world}"
+            )
+        self.context: StepContext | None = None  # the current step's, for the stages' hooks
+        self.stage_logs: dict[str, float] = {}
+
+    @property
+    def current_algorithm(self) -> Algorithm:
+        """The bundle of the step being run (``step + 1``, counted from 1): a pure function of the step counter
+        and the validation scores so far."""
+        return self.algorithm.at(self.step + 1, tuple(self.val_scores))
+
+    @property
+    def policy(self) -> Any:
+        """The bare HF model (unwrapped from DDP; an FSDP2-sharded model is its own policy) for generation."""
+        return getattr(self.model, "module", self.model)
+
+    # ---------------------------------------------------------------- generate + score
+    def rollout(self) -> tuple[RolloutBatch, list[str]]:
+        """This rank's share of G prompts x K scored responses, shaped by the stages, with needs and advantages."""
+        cfg = self.cfg
+        g, k = cfg.data.prompts_per_step, cfg.rollout.group_size
+        problems = self.task.sample(self.data_rng, g)  # same problems on every rank
+        share = g // self.world
+        problems = problems[self.rank * share : (self.rank + 1) * share]
+        prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems], chat_template=cfg.model.chat_template,
+                                 system=cfg.model.system_prompt)  # fmt: skip
+        seed = cfg.seed * 1_000_003 + self.step * 101 + self.rank
+        n = functools.reduce(lambda m, stage: stage.fresh_samples(m), reversed(self.stages), k)
+        r = self.engine.generate(prompts, n=n, seed=seed)
+        rewards, texts = self._score(problems, r.response_ids, r.mask, n)
+        batch = RolloutBatch(
+            prompt_ids=r.prompt_ids, prompt_mask=r.prompt_mask, response_ids=r.response_ids, mask=r.mask,
+            rewards=rewards.to(r.mask.device), group_size=n, logp_old=r.logp,
+        )  # fmt: skip
+        self.context = StepContext(
+            self.step, cfg.optim.steps, seed, self.policy, self.engine, prompts,
+            lambda ids, mask, m: self._score(problems, ids, mask, m)[0], self.tokenizer.pad_token_id,
+            cfg.rollout.temperature,
+        )  # fmt: skip
+        fresh, self.stage_logs = batch, {}
+        for stage in self.stages:  # e.g. RAIL branches, replayed groups
+            batch, logs = stage.after_rollout(batch, self.context)
+            self.stage_logs.update(logs)
+        if batch.group_size != k:
+            raise ValueError(f"rollout stages returned groups of {batch.group_size}, expected rollout.group_size={k}")
+        if batch is not fresh:
+            texts = decode_responses(self.tokenizer, batch.response_ids, batch.mask)
+        return self.prepare(batch), texts
+
+    def _score(self, problems: list[Problem], ids: Tensor, mask: Tensor, n: int) -> tuple[Tensor, list[str]]:
+        """Rewards ``[B]`` and texts of group-major responses, ``n`` per problem."""
+        rewards, texts = score_responses(self.tokenizer, self.task, problems, ids, mask, n)
+        return torch.tensor(rewards, dtype=torch.float32), texts
+
+    def prepare(self, batch: RolloutBatch) -> RolloutBatch:
+        """Fill the fields this step's bundle needs (reference/teacher log-probs), then the advantages."""
+        alg = self.current_algorithm
+        for need in sorted(alg.needs):
+            if getattr(batch, need) is None:
+                with torch.no_grad():
+                    batch = batch.replace(**{need: self.fillers[need](batch)})
+        return batch.replace(advantages=alg.advantage(batch))
+
+    # ---------------------------------------------------------------- log-probs + loss
+    def micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        """Whole-group slices of at most ``optim.micro_batch_size`` rows (the whole batch when unset)."""
+        size = self.cfg.optim.micro_batch_size or batch.batch_size
+        return [batch.rows(i, min(i + size, batch.batch_size)) for i in range(0, batch.batch_size, size)]
+
+    def accumulate_gradients(self, batch: RolloutBatch) -> dict[str, float]:
+        """Backward the aggregated loss over micro-batches; gradients equal those of the full batch.
+
+        Each micro-batch's ``aggregate`` is rescaled by ``Z_micro / Z_global`` (see
+        :func:`~posttrain.estimators.aggregate.normaliser`); ``Z_global`` is summed over data-parallel
+        ranks and the loss multiplied by the world size, undoing DDP's gradient averaging.
+        """
+        alg = self.current_algorithm
+        z = normaliser(batch.mask, alg.aggregation, horizon=alg.horizon)
+        if self.world > 1:
+            dist.all_reduce(z)
+        parts = self.micro_batches(batch)
+        sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0}  # loss, then token-weighted means
+        tokens = float(batch.mask.sum())
+        for i, mb in enumerate(parts):
+            with gradient_sync(self.model, i == len(parts) - 1):  # reduce gradients after the last micro-batch
+                logp, entropy = token_logprobs(
+                    self.model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask,
+                    temperature=self.cfg.rollout.temperature, with_entropy=True,
+                )  # fmt: skip
+                assert entropy is not None
+                tok_loss, diag = alg.token_loss(logp, entropy if alg.wants_entropy else None, mb)
+                scale = float(normaliser(mb.mask, alg.aggregation, horizon=alg.horizon) / z) * self.world
+                loss = aggregate(tok_loss, mb.mask, alg.aggregation, horizon=alg.horizon) * scale
+                loss.backward()
+            share = float(mb.mask.sum()) / tokens
+            sums["loss"] += float(loss.detach()) / self.world
+            sums["entropy"] += float(masked_mean(entropy.detach(), mb.mask)) * share
+            if mb.logp_old is not None:
+                diag = {**diag, "logp_gap": masked_mean((logp.detach() - mb.logp_old).abs(), mb.mask)}
+            for key, value in diag.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * share
+        return sums
+
+    # ---------------------------------------------------------------- step
+    def train_step(self) -> dict[str, Any]:
+        """One rollout batch and ``updates_per_batch`` optimizer steps; returns the step's metrics."""
+        t0 = time.perf_counter()
+        batch, _ = self.rollout()  # generate, score, stages, needs, advantages
+        t_gen = time.perf_counter() - t0
+        self.model.train()
+        alg, hook_state = self.current_algorithm, None
+        hook_logs: dict[str, list[float]] = {}
+        for update in range(self.cfg.optim.updates_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            update_batch = batch
+            if alg.before_update is not None:  # e.g. SIS: the effective logp_old of this update
+                seed = update_seed(self.cfg.seed, self.step, update, self.rank)
+                ctx = UpdateContext(self.policy, update, seed, self.cfg.rollout.temperature)
+                update_batch, hook_state, extra = alg.before_update(batch, hook_state, ctx)
+                for key, value in extra.items():
+                    hook_logs.setdefault(key, []).append(float(value))
+            stats = self.accumulate_gradients(update_batch)  # log-probs + loss + backward
+            average_gradients(module_parameters(alg.modules), self.world)  # DDP/FSDP do not wrap them
+            if update == 0:  # on-policy: the engine's behaviour log-probs vs the trainer's recomputation
+                logp_gap = stats.get("logp_gap")
+            grad_norm = clip_gradients(  # the policy's and the method's own modules' together
+                list(self.model.parameters()), module_parameters(alg.modules), self.cfg.optim.max_grad_norm
+            )
+            self.optimizer.step()
+            self.scheduler.step()
+        assert self.context is not None
+        for stage in self.stages:  # e.g. replay ingress of the fresh groups
+            stage.after_update(batch, self.context)
+        self.engine.sync_weights(self.policy)
+        self.step += 1
+        epochs, ref_forward = self.cfg.optim.updates_per_batch, "logp_ref" in alg.needs  # log
+        flops = step_flops(batch, self.policy_cost, epochs=epochs, ref_forward=ref_forward, world=self.world)
+        return step_metrics(
+            self.step, batch, stats, logp_gap=logp_gap, grad_norm=grad_norm,
+            lr=float(self.scheduler.get_last_lr()[0]), gen_time_s=t_gen, step_time_s=time.perf_counter() - t0, flops=flops,
+            extra={**{key: sum(v) / len(v) for key, v in hook_logs.items()}, **self.stage_logs},
+        )  # fmt: skip
+
+    # ---------------------------------------------------------------- checkpoints
+    def state(self) -> dict[str, Any]:
+        """Everything besides the weights and optimizer that a resumed run needs to continue identically."""
+        return {
+            "step": self.step,
+            "scheduler": self.scheduler.state_dict(),
+            "data_rng": self.data_rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+            "val_scores": list(self.val_scores),
+            "stages": [s.state_dict() for s in self.stages],
+        }
+
+    def save(self) -> Path | None:
+        """Write a checkpoint from rank 0 (under FSDP2 every rank first joins the gathering of the full state)."""
+        if self.out_dir is None:
+            return None
+        return checkpoint.save_training_state(
+            self.out_dir / "checkpoints", self.step, model=self.model, tokenizer=self.tokenizer,
+            optimizer=self.optimizer, state=self.state(), keep=self.cfg.checkpoint.keep, rank=self.rank,
+            modules=self.algorithm.modules,
+        )  # fmt: skip
+
+    def resume(self) -> bool:
+        """Load the latest complete checkpoint of ``out_dir`` (weights, modules, optimizer, RNG, step, stages); False if none."""
+        ckpt = checkpoint.latest_checkpoint(self.out_dir / "checkpoints") if self.out_dir is not None else None
+        if ckpt is None or self.out_dir is None:
+            return False
+        s = checkpoint.load_training_state(
+            ckpt, model=self.model, optimizer=self.optimizer, modules=self.algorithm.modules
+        )
+        self.scheduler.load_state_dict(s["scheduler"])
+        self.data_rng.setstate(checkpoint.as_tuple(s["data_rng"]))
+        torch.set_rng_state(s["torch_rng"])
+        self.step = int(s["step"])
+        self.val_scores = [float(v) for v in s.get("val_scores", [])]
+        for stage, stage_state in zip(self.stages, s.get("stages", []), strict=True):
+            stage.load_state_dict(stage_state)
+        self.engine.sync_weights(self.policy)
+        checkpoint.truncate_metrics(self.out_dir / "metrics.jsonl", self.step)  # drop steps after the checkpoint
+        return True
+
+    # ---------------------------------------------------------------- loop + log
+    def fit(
+        self, *, stop_after: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None
+    ) -> list[dict[str, Any]]:
+        """Run until ``optim.steps`` (or ``stop_after`` more steps); checkpoint and log every step."""
+        history = []
+        last = self.cfg.optim.steps if stop_after is None else min(self.cfg.optim.steps, self.step + stop_after)
+        every = self.cfg.checkpoint.every
+        while self.step < last:
+            metrics = self.train_step()
+            log = self.cfg.logging
+            if log.eval_every and self.step % log.eval_every == 0:  # validation scores (schedules read them)
+                scores = self.evaluate()
+                if log.eval_metric not in scores:
+                    raise ValueError(f"logging.eval_metric: expected one of {sorted(scores)}, got {log.eval_metric!r}")
+                self.val_scores.append(float(scores[log.eval_metric]))
+                metrics.update({f"eval/{k}": v for k, v in scores.items()})
+            history.append(metrics)
+            if self.out_dir is not None and self.rank == 0:
+                with open(self.out_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+            if every and self.step % every == 0:
+                self.save()
+            if on_step is not None:
+                on_step(metrics)
+        if self.step == self.cfg.optim.steps and (not every or self.step % every):
+            self.save()
+        return history
+
+    def evaluate(self, ks: tuple[int, ...] = (1,)) -> dict[str, float]:
+        """Held-out metrics of the current policy (see :func:`posttrain.llm.train.evaluate.evaluate`)."""
+        from posttrain.llm.train.evaluate import evaluate
+
+        sampling = self.cfg.rollout.sampling()
+        return evaluate(
+            self.policy, self.tokenizer, self.task, n_prompts=self.cfg.data.eval_prompts,
+            n_samples=self.cfg.logging.eval_samples, ks=ks, seed=self.cfg.seed, sampling=sampling,
+            chat_template=self.cfg.model.chat_template, system=self.cfg.model.system_prompt,
+            engine=synced_engine(self.model, self.tokenizer, sampling),
+        )  # fmt: skip

@@ -1,0 +1,36 @@
+"""The trainer's per-step RACE FLOP split equals ``flops_per_step`` applied by hand to the step's batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posttrain.llm.run import build_trainer
+from posttrain.llm.tools.tiny import TinyConfig
+from posttrain.theory.race_flops import PolicyCost, flops_per_step
+from tests.llm._lift import record_rollouts, small_config
+
+pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
+
+
+def test_logged_flops_equal_flops_per_step_on_the_batch(tmp_path: Path) -> None:
+    cfg = small_config(algorithm={"method": "grpo", "kl": "k3", "kl_coef": 0.05}, updates_per_batch=3)
+    trainer = build_trainer(cfg, tmp_path / "run")
+    batches = record_rollouts(trainer)
+    trainer.fit()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    tiny = TinyConfig(**cfg.model.tiny)  # N by hand: q, o; k, v (grouped heads); gated MLP, per layer
+    d, kv = tiny.hidden_size, tiny.hidden_size * tiny.num_key_value_heads // tiny.num_attention_heads
+    n = tiny.num_hidden_layers * (2 * d * d + 2 * d * kv + 3 * d * tiny.intermediate_size)
+    assert len(logged) == len(batches) == cfg.optim.steps
+    for row, batch in zip(logged, batches, strict=True):
+        g, k = cfg.data.prompts_per_step, cfg.rollout.group_size
+        prompt = [int(batch.prompt_mask[i * k].sum()) for i in range(g)]
+        response = [[int(batch.mask[i * k + j].sum()) for j in range(k)] for i in range(g)]
+        want = flops_per_step(prompt, response, policy=PolicyCost(n), epochs=3, ref_forward=True)
+        assert row["flops/search"] == want.search and row["flops/learning"] == want.learning
+        assert row["flops/reward"] == 0.0 and row["flops/total"] == want.total and row["flops/p"] == want.p
+    # the search cost follows the sampled lengths: one forward (2N) per prompt prefill and per generated token
+    assert logged[-1]["flops/search"] == 2 * n * (sum(prompt) + sum(map(sum, response)))
