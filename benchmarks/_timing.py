@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import resource
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Row", "Spread", "clock", "time_pair"]
+__all__ = [
+    "Row",
+    "Spread",
+    "clock",
+    "copy_bandwidth",
+    "interleaved",
+    "load_average",
+    "page_faults",
+    "time_pair",
+    "tune_malloc",
+]
 
 
 @dataclass(frozen=True)
 class Row:
-    """One benchmark line: both times (best of the repeats), the ratio and the target.
+    """One benchmark line: both times (best of the repeats, or medians with their ranges), the ratio and the target.
 
     ``ratio`` is ``reference / ours`` (a speed-up) when ``higher_is_better``, else ``ours /
     reference`` (a slow-down factor); the target is met when the ratio is on the right side of it.
@@ -26,6 +39,9 @@ class Row:
     reference: str
     target: float | None
     higher_is_better: bool
+    ours_spread: Spread | None = None
+    """Median and range of ``ours_s`` (seconds) when measured by :func:`interleaved`."""
+    reference_spread: Spread | None = None
 
     @property
     def ratio(self) -> float:
@@ -88,3 +104,72 @@ class Spread:
     def __str__(self) -> str:
         digits = 2 if self.high < 10 else 0
         return f"{self.median:.{digits}f} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
+
+
+def interleaved(fns: Mapping[str, Callable[[], object]], *, repeats: int) -> dict[str, Spread]:
+    """``median [min-max]`` times (see :func:`clock`) of each function over ``repeats`` rounds.
+
+    Each round calls every function once, the order rotated by one from round to round, so that
+    machine load (a shared machine) falls on all of them alike; one untimed call of each first.
+    """
+    now = clock()
+    names = list(fns)
+    for name in names:
+        fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(repeats):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            start = now()
+            fns[name]()
+            times[name].append(now() - start)
+    return {name: Spread.of(values) for name, values in times.items()}
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages and the core count, e.g. ``load 1.2 0.9 0.7 on 2 cores``."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
+
+
+def copy_bandwidth(*, mib: int = 64, repeats: int = 9) -> Spread:
+    """Memory bandwidth in bytes/s of a ``mib``-MiB float32 copy into a preallocated tensor (read + write).
+
+    The floor of a memory-bound kernel is its bytes moved divided by this (the median is used).
+    """
+    src = torch.ones(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    now = clock()  # the clock the timings use: CPU time with one thread, so load does not lower the floor
+    dst.copy_(src)
+    rates = []
+    for _ in range(repeats):
+        start = now()
+        dst.copy_(src)
+        rates.append(2 * src.numel() * 4 / (now() - start))
+    return Spread.of(rates)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 * 2**20
+"""glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): blocks below it come from the heap."""
+
+
+def tune_malloc() -> bool:
+    """Keep large tensors on glibc's heap: mmap threshold 32 MiB, trim threshold 1 GiB (via ``mallopt``).
+
+    By default glibc serves blocks above 128 KiB (raised dynamically up to 32 MiB) with a fresh
+    ``mmap`` and returns them on free, so every large temporary pays page faults on first touch.
+    This is the same setting as the environment variables ``MALLOC_MMAP_THRESHOLD_=33554432
+    MALLOC_TRIM_THRESHOLD_=1073741824``. Returns False where ``mallopt`` is unavailable (not glibc).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, 2**30) == 1
+    return ok_mmap and ok_trim
+
+
+def page_faults() -> int:
+    """Minor page faults of this process so far (``getrusage``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

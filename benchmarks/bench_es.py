@@ -46,7 +46,7 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
 
 
 def _model(hidden: int, layers: int) -> tuple[Any, Any]:
-    from posttrain.llm.tiny import TinyConfig, char_tokenizer, tiny_model
+    from posttrain.llm.tools.tiny import TinyConfig, char_tokenizer, tiny_model
 
     tok = char_tokenizer()
     cfg = TinyConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers)
@@ -78,14 +78,14 @@ def memory_ratios(
 
     ES is measured with the fitness batch in one forward (``es``) and in forwards of ``micro_batch``
     sequences (``es_micro``: same reward, activations of ``micro_batch`` sequences), with greedy
-    generation as the fitness (``es_generate``: :func:`~posttrain.llm.es_trainer.generation_fitness`,
+    generation as the fitness (``es_generate``: :func:`~posttrain.llm.es.trainer.generation_fitness`,
     ``batch`` addition prompts, 16 new tokens, ``micro_batch`` prompts per ``generate``), and with no
     forward at all (``es_machinery``: perturb, restore and update only). AdamW is measured on the whole
     batch (``adamw``) and with gradient accumulation over ``micro_batch``-sequence slices (``adamw_micro``).
     """
     from posttrain.estimators import clipped_ratio_loss
-    from posttrain.llm.es_trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
-    from posttrain.llm.tasks import make_task
+    from posttrain.llm.es.trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
+    from posttrain.llm.rollout.tasks import make_task
 
     model, tok = _model(hidden, layers)
     ids = torch.randint(4, 50, (batch, 24), generator=torch.Generator().manual_seed(0))
@@ -127,8 +127,8 @@ class _Run:
 
 
 def _worker(rank: int, world: int, init: str, run: _Run, out: str) -> None:
-    from posttrain.llm.es_trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
-    from posttrain.llm.tasks import make_task
+    from posttrain.llm.es.trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
+    from posttrain.llm.rollout.tasks import make_task
 
     torch.set_num_threads(1)  # 2 processes on 2 cores; the 1-process baseline also gets 1 thread
     if world > 1:
@@ -174,9 +174,10 @@ def speedup_bound(
     takes ``P/2 (2n + f) + U``, plus ``P/2 r`` with lockstep. Communication (one all-reduce of ``P``
     floats) is left out. Best-of timings make it far less sensitive to other load than wall time.
     """
-    from posttrain.estimators.es import EsPopulation, apply_es_step_, perturb_, roundtrip_
-    from posttrain.llm.es_trainer import generation_fitness, trainable_params
-    from posttrain.llm.tasks import make_task
+    from posttrain.estimators.es import EsPopulation
+    from posttrain.llm.es.params import apply_es_step_, perturb_, roundtrip_
+    from posttrain.llm.es.trainer import generation_fitness, trainable_params
+    from posttrain.llm.rollout.tasks import make_task
 
     torch.set_num_threads(1)
     model, tok = _model(hidden, layers)

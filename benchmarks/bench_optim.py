@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
 from benchmarks._timing import Row, time_pair
 
 
 def run(*, repeats: int = 10, hidden: int = 128, layers: int = 2) -> list[Row]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - the [llm] extra is missing
+    if importlib.util.find_spec("transformers") is None:  # pragma: no cover - the [llm] extra is missing
         return []
-    from posttrain.llm.optimizers import MuonWithAdamW
+    from posttrain.llm.tools.tiny import TinyConfig, tiny_model
+    from posttrain.llm.train.muon import MuonWithAdamW
 
-    cfg = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    shape = TinyConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers)
+    model = tiny_model(shape, 64, seed=0)
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(cfg)
     ids = torch.randint(64, (8, 32))
     model(input_ids=ids, labels=ids).loss.backward()
     muon = MuonWithAdamW(model, lr=0.02, adamw_lr=1e-3)

@@ -1,64 +1,78 @@
-"""Clipped-ratio loss + token-mean aggregation against one fused hand-written expression.
+"""Clipped-ratio loss + token-mean aggregation, forward + backward, against the bandwidth floor and verl.
 
-The reference is the shortest correct eager expression of the same scalar:
-``(max(-A r, -A clip(r)) * mask).sum() / mask.sum()`` with ``r = exp(logp - logp_old)``, and the
-same expression with other mask operations (``where`` and ``count_nonzero``; a multiply by the mask
-cast to float, the fastest on CPU); the target is judged against each. Ours does
-more: it validates (shapes always; finite values and a non-empty mask unless value checks are off),
-clamps the log-ratio to [-20, 20], keeps masked positions out of value and gradient (NaN-safe),
-returns the per-token loss and the clip diagnostics, and aggregates separately. Rows are given
-with value checks on (the default) and off (``posttrain.validate.value_checks(False)``, the
-hot-loop setting), forward only (the target) and forward + backward (reported).
+Anchors, each measured in the same run and interleaved with ours (``median [min-max]``):
+
+- the **floor**: 17 bytes per token (read ``logp``, ``logp_old`` as float32 and the bool mask,
+  write the float32 loss forward and the float32 gradient backward) at the copy bandwidth
+  measured just before; goal: ours within 10x of it;
+- **verl** ``compute_policy_loss_vanilla`` (dual clip 3, token-mean, its own loss aggregation)
+  when verl is importable (``PYTHONPATH`` with verl and the packages ``core_algos`` imports);
+  goal: ours no slower (ratio <= 1). Without verl the row says so and is skipped;
+- the plain expression ``max(-A r, -A clip(r)) * mask`` (what a reader would write, no
+  validation or NaN safety), for reference.
+
+Ours validates shapes (always) and values (unless ``value_checks(False)``), keeps masked NaN out
+of value and gradient, clamps the log-ratio to +-20, returns diagnostics and aggregates separately.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable
 
 import torch
 
-from benchmarks._timing import Row, time_pair
+from benchmarks._timing import Row, Spread, copy_bandwidth, interleaved
 from posttrain.estimators import aggregate, clipped_ratio_loss
-from posttrain.validate import value_checks
 
-TARGET_SLOWDOWN = 1.2
+FLOOR_BYTES_PER_TOKEN = 17
+TARGET_OVER_FLOOR = 10.0
+TARGET_OVER_VERL = 1.0
 CLIP = 0.2
+DUAL = 3.0
 
 
-def fused_reference(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean PPO-clip loss in one expression (no validation, clamp, diagnostics or NaN safety)."""
-    r = torch.exp(logp - logp_old)
-    a = adv.unsqueeze(-1)
-    return (torch.maximum(-a * r, -a * r.clamp(1 - CLIP, 1 + CLIP)) * mask).sum() / mask.sum()
-
-
-def fused_reference_float_mask(
-    logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """The expression masking by a multiply with the mask as floats (not NaN-safe; the fastest on CPU)."""
-    r = torch.exp(logp - logp_old)
-    a = adv.unsqueeze(-1)
-    m = mask.to(logp.dtype)
-    return (torch.maximum(-a * r, -a * r.clamp(1 - CLIP, 1 + CLIP)) * m).sum() / m.sum()
-
-
-def fused_reference_tuned(
-    logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """The same expression with the two cheaper mask operations found while optimising ours.
-
-    ``torch.where`` instead of multiplying by a boolean mask (which first promotes it to float), and
-    ``count_nonzero`` instead of ``mask.sum()`` (which first copies the mask to int64).
-    """
+def plain_expression(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean dual-clip PPO loss as one eager expression (no validation, clamp, diagnostics or NaN safety)."""
     r = torch.exp(logp - logp_old)
     a = adv.unsqueeze(-1)
     loss = torch.maximum(-a * r, -a * r.clamp(1 - CLIP, 1 + CLIP))
-    return torch.where(mask, loss, 0.0).sum() / mask.count_nonzero()
+    loss = torch.where(a < 0, torch.minimum(loss, -DUAL * a), loss)
+    m = mask.to(logp.dtype)
+    return (loss * m).sum() / m.sum()
 
 
 def ours(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    loss, _ = clipped_ratio_loss(logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP)
+    loss, _ = clipped_ratio_loss(logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL)
     return aggregate(loss, mask, "token-mean")
+
+
+def verl_loss() -> Callable[..., torch.Tensor] | None:
+    """verl's ``compute_policy_loss_vanilla`` with its default config (token-mean), or None without verl."""
+    try:
+        from verl.trainer.ppo import core_algos
+        from verl.workers.config import ActorConfig
+    except Exception:  # verl or one of its imports missing
+        return None
+    config = ActorConfig(
+        strategy="fsdp", clip_ratio=CLIP, clip_ratio_c=DUAL, ppo_micro_batch_size_per_gpu=1, rollout_n=8
+    )
+
+    def run(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        token_adv = adv.unsqueeze(-1).expand_as(logp)
+        loss, _ = core_algos.compute_policy_loss_vanilla(logp_old, logp, token_adv, mask, "token-mean", config)
+        return loss
+
+    return run
+
+
+def _fwd_bwd(fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...]) -> Callable[[], None]:
+    logp, rest = args[0], args[1:]
+
+    def step() -> None:
+        lp = logp.detach().requires_grad_(True)
+        fn(lp, *rest).backward()
+
+    return step
 
 
 def run(*, b: int, t: int, repeats: int, seed: int = 0) -> list[Row]:
@@ -69,37 +83,29 @@ def run(*, b: int, t: int, repeats: int, seed: int = 0) -> list[Row]:
     lengths = torch.randint(1, t + 1, (b,), generator=gen)
     mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(-1)
     args = (logp, logp_old, adv, mask)
-    torch.testing.assert_close(ours(*args), fused_reference(*args), rtol=1e-4, atol=1e-6)
-
-    def backward(fn):  # type: ignore[no-untyped-def]
-        def step() -> None:
-            lp = logp.detach().requires_grad_(True)
-            fn(lp, logp_old, adv, mask).backward()
-
-        return step
-
-    def unchecked(fn):  # type: ignore[no-untyped-def]
-        def call(*a: torch.Tensor) -> torch.Tensor:
-            with value_checks(False):
-                return fn(*a)  # type: ignore[no-any-return]
-
-        return call
-
-    for other in (fused_reference_tuned, fused_reference_float_mask):
-        torch.testing.assert_close(other(*args), fused_reference(*args), rtol=1e-4, atol=1e-6)
-    rows = []
-    references = (
-        ("fused: * mask, mask.sum()", fused_reference),
-        ("fused: where, count_nonzero", fused_reference_tuned),
-        ("fused: * float mask", fused_reference_float_mask),
-    )
-    for ref_name, ref in references:
-        for name, mine, target in (
-            (f"clipped loss + token-mean [B={b}, T={t}]", ours, TARGET_SLOWDOWN),
-            ("  ... value checks off", unchecked(ours), TARGET_SLOWDOWN),
-        ):
-            t_ours, t_ref = time_pair(partial(mine, *args), partial(ref, *args), repeats=repeats)
-            rows.append(Row(name, t_ours, t_ref, ref_name, target, higher_is_better=False))
-        t_ours, t_ref = time_pair(backward(ours), backward(ref), repeats=repeats)
-        rows.append(Row("  ... forward + backward", t_ours, t_ref, ref_name, None, higher_is_better=False))
+    want = plain_expression(*args)
+    torch.testing.assert_close(ours(*args), want, rtol=1e-4, atol=1e-6)
+    fns = {"ours": _fwd_bwd(ours, args), "plain": _fwd_bwd(plain_expression, args)}
+    verl = verl_loss()
+    if verl is not None:
+        verl_mask = mask.to(logp.dtype)  # verl's masks are numeric
+        torch.testing.assert_close(verl(logp, logp_old, adv, verl_mask), want, rtol=1e-4, atol=1e-6)
+        fns["verl"] = _fwd_bwd(verl, (logp, logp_old, adv, verl_mask))
+    bandwidth = copy_bandwidth()
+    times = interleaved(fns, repeats=repeats)
+    floor_s = FLOOR_BYTES_PER_TOKEN * b * t / bandwidth.median
+    floor = Spread(floor_s, floor_s, floor_s)
+    label = f"clipped loss + token-mean, fwd+bwd [B={b}, T={t}]"
+    floor_ref = f"floor: {FLOOR_BYTES_PER_TOKEN} B/token at {bandwidth.median / 1e9:.1f} GB/s copy"
+    rows = [_row(label, times["ours"], floor, floor_ref, TARGET_OVER_FLOOR)]
+    if verl is not None:
+        rows.append(_row(label, times["ours"], times["verl"], "verl compute_policy_loss_vanilla", TARGET_OVER_VERL))
+    else:
+        rows.append(_row(label + " (verl not importable: no verl row)", times["ours"], times["plain"], "-", None))
+    rows.append(_row(label, times["ours"], times["plain"], "plain expression (no checks)", None))
+    rows.append(_row("  plain expression", times["plain"], floor, floor_ref, None))
     return rows
+
+
+def _row(name: str, mine: Spread, ref: Spread, ref_name: str, target: float | None) -> Row:
+    return Row(name, mine.median, ref.median, ref_name, target, False, mine, ref)

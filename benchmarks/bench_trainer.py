@@ -144,7 +144,7 @@ def trl_paired(args: argparse.Namespace, model_dir: Path, partner: Ours, *, part
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from posttrain.llm.tasks import make_task
+    from posttrain.llm.rollout.tasks import make_task
 
     side, now, steps = Side(), clock(), args.warmup + args.steps
     task = make_task("addition", digits=1)
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()
-    from posttrain.llm.tiny import build_tiny
+    from posttrain.llm.tools.tiny import build_tiny
 
     clock_name = "wall time" if clock() is time.perf_counter else "CPU time"
     print(f"{args.threads} torch thread(s), timed by {clock_name}; load average at start {_load()}")

@@ -7,6 +7,6 @@ Subpackages: :mod:`posttrain.estimators` (pure torch estimators), :mod:`posttrai
 
 from posttrain.errors import ConvergenceError, DomainError, PosttrainError, RegistryError, ShapeError
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it ([tool.setuptools.dynamic])
 
 __all__ = ["ConvergenceError", "DomainError", "PosttrainError", "RegistryError", "ShapeError", "__version__"]

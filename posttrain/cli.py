@@ -65,7 +65,7 @@ def bad_input_exits(fn: F) -> F:
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except BAD_INPUT + (PosttrainError,) as exc:
+        except (*BAD_INPUT, PosttrainError) as exc:
             if _STATE["debug"]:
                 raise
             text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
@@ -75,6 +75,7 @@ def bad_input_exits(fn: F) -> F:
             raise typer.Exit(2) from None
 
     return run  # type: ignore[return-value]
+
 
 # Modules whose import registers estimators, checks, ... (kept in one list so `list` sees all).
 REGISTERING_MODULES = [
@@ -287,6 +288,7 @@ REGISTERING_MODULES += ["posttrain.llm.methods.algorithm", "posttrain.llm.rollou
 app.command("train")(bad_input_exits(_llm_cli.train_command))
 app.command("eval")(bad_input_exits(_llm_cli.eval_command))
 app.command("es")(bad_input_exits(_llm_cli.es_command))
+app.add_typer(importlib.import_module("posttrain.llm.tools.models").models_app(bad_input_exits), name="models")
 
 
 @app.command("flops")

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from enum import Enum
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -23,6 +25,7 @@ from posttrain.errors import DomainError, ShapeError
 
 __all__ = [
     "broadcast_to_tokens",
+    "check_choice",
     "check_finite",
     "check_float",
     "check_in_range",
@@ -36,6 +39,7 @@ __all__ = [
 ]
 
 _STATE = threading.local()
+E = TypeVar("E", bound=Enum)
 
 
 def value_checks_enabled() -> bool:
@@ -116,6 +120,21 @@ def check_in_range(name: str, value: float, low: float, high: float, *, closed: 
         br = "[]" if closed else "()"
         raise DomainError(f"{name}: expected a value in {br[0]}{low}, {high}{br[1]}, got {value!r}")
     return v
+
+
+def check_choice(name: str, value: object, choices: type[E]) -> E:
+    """The member of the Enum ``choices`` that ``value`` is (or has as its value); DomainError naming ``name``.
+
+    Example:
+        >>> from posttrain.estimators import AggregationMode
+        >>> check_choice("mode", "token-mean", AggregationMode)
+        <AggregationMode.TOKEN_MEAN: 'token-mean'>
+    """
+    try:
+        return choices(value)
+    except ValueError:
+        valid = ", ".join(repr(m.value) for m in choices)
+        raise DomainError(f"{name}: expected one of {valid}, got {value!r}") from None
 
 
 def check_finite(name: str, x: Tensor, mask: Tensor | None = None) -> Tensor:

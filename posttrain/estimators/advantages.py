@@ -12,6 +12,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import ShapeError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_advantage
 from posttrain.estimators.aggregate import masked_whiten
 from posttrain.validate import (
@@ -88,6 +89,7 @@ def group_rewards(
 
 
 @register_advantage("grpo", paper="Shao et al. 2024, DeepSeekMath, arXiv:2402.03300")
+@computes_in_float32
 def group_normalized_advantages(
     rewards: Float[Tensor, "G K"], *, scale_by_std: bool = True, eps: float = 1e-6
 ) -> Float[Tensor, "G K"]:
@@ -147,6 +149,7 @@ def _centre(rewards: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @register_advantage("drgrpo", paper="Liu et al. 2025, Understanding R1-Zero-like training, arXiv:2503.20783")
+@computes_in_float32
 def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     r"""Dr.GRPO advantages :math:`A_{gk} = R_{gk} - \mu_g` (no std scaling).
 
@@ -164,6 +167,7 @@ def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
 
 
 @register_advantage("rloo", paper="Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740")
+@computes_in_float32
 def rloo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     r"""REINFORCE leave-one-out advantages.
 
@@ -194,7 +198,15 @@ def rloo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
 def broadcast_sequence_advantages(
     advantages: Float[Tensor, "G K"] | Float[Tensor, " B"], mask: Bool[Tensor, "B T"]
 ) -> Float[Tensor, "B T"]:
-    """Spread per-sequence advantages (``[G, K]`` or ``[B]``) over the response tokens, times the mask."""
+    """Spread per-sequence advantages (``[G, K]`` or ``[B]``) over the response tokens, times the mask.
+
+    Masked positions are exactly 0 (even for a NaN advantage).
+
+    Example:
+        >>> broadcast_sequence_advantages(torch.tensor([1.0, -2.0]), torch.tensor([[True, False], [True, True]]))
+        tensor([[ 1.,  0.],
+                [-2., -2.]])
+    """
     check_float("advantages", advantages, ndim=(1, 2))
     check_tensor("mask", mask, ndim=2)
     flat = advantages.reshape(-1)
@@ -203,10 +215,12 @@ def broadcast_sequence_advantages(
             f"advantages: expected one value per row of mask ({mask.shape[0]}), got shape {list(advantages.shape)}"
         )
     check_mask("mask", mask, (flat.shape[0], mask.shape[-1]))
+    # one broadcasting where: faster on CPU than a multiply by the mask as uint8 (a mixed-dtype op)
     return torch.where(mask, flat.unsqueeze(-1), torch.zeros((), dtype=flat.dtype, device=flat.device))
 
 
 @register_advantage("reinforce_pp", paper="Hu 2025, REINFORCE++, arXiv:2501.03262")
+@computes_in_float32
 def reinforce_pp_advantages(
     token_rewards: Float[Tensor, "B T"],
     mask: Bool[Tensor, "B T"],
@@ -256,7 +270,7 @@ def reinforce_pp_advantages(
     check_finite("token_rewards", token_rewards, mask)
     gamma = check_in_range("gamma", gamma, 0.0, 1.0)
     eps = check_positive("eps", eps)
-    r = torch.where(mask, token_rewards, torch.zeros((), dtype=token_rewards.dtype, device=token_rewards.device))
+    r = zero_off_mask(token_rewards, mask)
     t = r.shape[-1]
     if gamma == 1.0:
         returns = r.flip(-1).cumsum(-1).flip(-1)
@@ -272,6 +286,7 @@ def reinforce_pp_advantages(
 
 
 @register_advantage("reinforce_pp_baseline", paper="Hu 2025, REINFORCE++, arXiv:2501.03262")
+@computes_in_float32
 def reinforce_pp_baseline_advantages(
     rewards: Float[Tensor, "G K"], mask: Bool[Tensor, "B T"], *, eps: float = 1e-8
 ) -> Float[Tensor, "B T"]:

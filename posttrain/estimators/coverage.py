@@ -14,6 +14,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import zero_off_mask
 from posttrain.validate import check_tensor
 
 __all__ = ["accuracy_bins", "answer_entropy", "majority_vote_correct"]
@@ -63,7 +64,7 @@ def answer_entropy(answers: Int[Tensor, "X n"]) -> Tensor:
     same = (answers[:, :, None] == answers[:, None, :]) & valid[:, None, :]  # [X, n, n]
     n_valid = valid.sum(-1, keepdim=True).double()
     count = same.sum(-1).double()  # multiplicity of each sample's answer
-    terms = torch.where(valid, torch.log(n_valid / count.clamp_min(1.0)), 0.0)  # -log f >= 0
+    terms = zero_off_mask(torch.log(n_valid / count.clamp_min(1.0)), valid)  # -log f >= 0
     return terms.sum(-1) / n_valid.squeeze(-1).clamp_min(1.0)
 
 

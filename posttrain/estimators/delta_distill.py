@@ -25,9 +25,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_advantage
-from posttrain.estimators.distill import zero_off_mask
 from posttrain.validate import (
+    check_finite,
     check_float,
     check_mask,
     check_nonempty_mask,
@@ -140,6 +141,7 @@ def centered_advantage(
 
 
 @register_advantage("opd2", paper=_PAPER)
+@computes_in_float32
 def opd2_advantages(
     logp_student: Float[Tensor, "B T"],
     logp_teacher: Float[Tensor, "B T"],
@@ -198,6 +200,8 @@ def opd2_advantages(
         )
     check_mask("mask", mask, logp_student.shape)
     check_nonempty_mask("mask", mask)
+    for name, x in (("logp_student", logp_student), ("logp_teacher", logp_teacher), ("logp_base", logp_base)):
+        check_finite(name, x, mask)
     ls, lt, lb = logp_student.detach(), logp_teacher.detach(), logp_base.detach()
     ls_k, lt_k, lb_k = logp_student_k.detach(), logp_teacher_k.detach(), logp_base_k.detach()
     a_opd = centered_advantage(lt - ls, ls_k, lt_k - ls_k)
@@ -215,6 +219,7 @@ def opd2_advantages(
 
 
 @register_advantage("exopd", paper="ExOPD / G-OPD reward extrapolation, arXiv:2602.12125")
+@computes_in_float32
 def exopd_advantages(
     logp_student: Float[Tensor, "B T"],
     logp_teacher: Float[Tensor, "B T"],
@@ -239,5 +244,7 @@ def exopd_advantages(
     check_same_shape("logp_student", logp_student, logp_teacher=logp_teacher, logp_ref=logp_ref)
     check_mask("mask", mask, logp_student.shape)
     check_nonempty_mask("mask", mask)
+    for name, x in (("logp_student", logp_student), ("logp_teacher", logp_teacher), ("logp_ref", logp_ref)):
+        check_finite(name, x, mask)
     ls, lt, lr = logp_student.detach(), logp_teacher.detach(), logp_ref.detach()
     return zero_off_mask(float(scale) * (float(lam) * (lt - lr) - (ls - lr)), mask)

@@ -23,6 +23,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_advantage
 from posttrain.validate import (
     check_finite,
@@ -48,14 +49,6 @@ __all__ = [
 _OPD_PAPER = "Agarwal et al. 2024, GKD, arXiv:2306.13649; Li et al. 2026, arXiv:2609.04108"
 
 
-def zero_off_mask(values: Tensor, mask: Tensor) -> Tensor:
-    """``values`` where ``mask`` (broadcast on the right) is True, exactly 0 elsewhere (NaN never leaks)."""
-    m = mask
-    while m.ndim < values.ndim:
-        m = m.unsqueeze(-1)
-    return torch.where(m, values, torch.zeros((), dtype=values.dtype, device=values.device))
-
-
 def eos_teacher_mask(mask: Bool[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
     """``mask`` with the last valid position of every row set to False (spec 01's EOS rule).
 
@@ -76,6 +69,7 @@ def eos_teacher_mask(mask: Bool[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
 
 
 @register_advantage("opd", paper=_OPD_PAPER)
+@computes_in_float32
 def opd_token_advantages(
     logp_teacher: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -118,10 +112,11 @@ def opd_token_advantages(
     if value_checks_enabled() and teacher_mask is not None and bool((tm & ~mask).any()):
         raise DomainError("teacher_mask: expected a subset of mask, found positions outside the response")
     d = logp_teacher.detach() - logp_old.detach()  # the one [B, T] allocation; masked in place below
-    d = torch.where(tm, d, torch.zeros((), dtype=d.dtype, device=d.device), out=d)
+    d = zero_off_mask(d, tm, inplace=True)
     return check_finite("logp_teacher - logp_old", d)
 
 
+@computes_in_float32
 def full_reverse_kl(logp_student: Float[Tensor, "B T V"], logp_teacher: Float[Tensor, "B T V"]) -> Float[Tensor, "B T"]:
     r"""Exact per-position reverse KL :math:`\sum_v \pi_\theta(v)(\ell^\theta_v-\ell^T_v)`.
 
@@ -135,6 +130,11 @@ def full_reverse_kl(logp_student: Float[Tensor, "B T V"], logp_teacher: Float[Te
     Returns:
         ``[...]`` (usually ``[B, T]``) non-negative KL values in nats.
 
+    Raises:
+        ShapeError: non-float or mismatched inputs. DomainError (value checks on): the teacher's
+        log-prob is :math:`-\infty` where the student's probability is positive (the KL is
+        :math:`+\infty`), or a NaN where the student's probability is positive.
+
     Example:
         >>> ls = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> lt = torch.log(torch.tensor([[[0.75, 0.25]]]))
@@ -145,8 +145,16 @@ def full_reverse_kl(logp_student: Float[Tensor, "B T V"], logp_teacher: Float[Te
     check_float("logp_teacher", logp_teacher)
     check_same_shape("logp_student", logp_student, logp_teacher=logp_teacher)
     p = logp_student.exp()
-    diff = torch.where(p > 0, logp_student - logp_teacher, torch.zeros((), dtype=p.dtype, device=p.device))
-    return (p * diff).sum(-1)
+    kl = (p * zero_off_mask(logp_student - logp_teacher, p > 0)).sum(-1)
+    if value_checks_enabled() and not bool(torch.isfinite(kl.detach()).all()):
+        check_finite("logp_student", torch.where(p > 0, logp_student, 0.0))  # NaN; -inf is probability 0
+        if bool(((logp_teacher == -torch.inf) & (p > 0)).any()):
+            raise DomainError(
+                "logp_teacher: the teacher gives probability 0 (log-prob -inf) to a token the student can "
+                "sample; the reverse KL is infinite there"
+            )
+        check_finite("logp_teacher", torch.where(p > 0, logp_teacher, 0.0))
+    return kl
 
 
 def topk_reverse_kl_reward(
@@ -220,7 +228,7 @@ def topk_reverse_kl(
     for a, b, o in zip(ls.split(size), lt.split(size), out.split(size), strict=True):
         diff = torch.sub(a, b)  # chunk-sized temporaries only; the product is formed in place
         torch.sum(diff.mul_(torch.softmax(a, -1)), -1, out=o)
-    kl = out.reshape(mask.shape).masked_fill_(~mask, 0.0)
+    kl = zero_off_mask(out.reshape(mask.shape), mask, inplace=True)
     return check_finite("topk reverse KL", kl)
 
 

@@ -2,7 +2,7 @@ r"""Policy losses that use the teacher inside the loss (spec 01's TRRD, and OPD 
 
 They follow the trainer's calling convention ``loss(logp, logp_old, advantages, mask, **needs)``:
 ``logp_teacher`` is a keyword-only argument, so an LLM trainer that fills batch fields named in a
-loss's signature (``posttrain.llm.algorithm``) runs the teacher forward for exactly these losses.
+loss's signature (``posttrain.llm.methods.algorithm``) runs the teacher forward for exactly these losses.
 ``advantages`` are the RL advantages :math:`\hat A` (``[B]`` or ``[B, T]``).
 
 Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
@@ -14,8 +14,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
-from posttrain.estimators.distill import eos_teacher_mask, opd_token_advantages, zero_off_mask
+from posttrain.estimators.distill import eos_teacher_mask, opd_token_advantages
 from posttrain.estimators.losses import (
     ClipDiagnostics,
     _check_clip,
@@ -44,6 +45,7 @@ def _teacher_signal(
 
 
 @register_policy_loss("opd", paper=_PAPER)
+@computes_in_float32
 def opd_policy_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -81,6 +83,7 @@ def opd_policy_loss(
 
 
 @register_policy_loss("trrd", paper=_PAPER)
+@computes_in_float32
 def trrd_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],

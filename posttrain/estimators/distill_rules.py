@@ -37,11 +37,12 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_advantage
 from posttrain.estimators.advantages import broadcast_sequence_advantages
-from posttrain.estimators.distill import zero_off_mask
 from posttrain.registry import Registry, registry
 from posttrain.validate import (
+    check_finite,
     check_float,
     check_in_range,
     check_mask,
@@ -98,6 +99,8 @@ def _rule_inputs(seq_advantages: Tensor, opd: Tensor, mask: Tensor) -> tuple[Ten
         raise ShapeError(
             f"seq_advantages: expected {opd.shape[0]} entries (one per row of opd), got {list(seq_advantages.shape)}"
         )
+    check_finite("opd", opd, mask)
+    check_finite("seq_advantages", seq_advantages)
     return broadcast_sequence_advantages(seq_advantages, mask), zero_off_mask(opd, mask)
 
 
@@ -147,6 +150,7 @@ def additive_distill_advantages(
 
 
 @register_advantage("kdrl", paper=_PAPER)
+@computes_in_float32
 def kdrl_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, beta: float = 0.2) -> Tensor:
     r"""KDRL: :math:`A_t = \hat A + \beta d_t` (weighted-additive; can flip the sign of :math:`\hat A`).
 
@@ -158,6 +162,7 @@ def kdrl_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, beta: 
 
 
 @register_advantage("kdrl_mask", paper=_PAPER)
+@computes_in_float32
 def kdrl_mask_advantages(
     seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: Tensor, *, beta: float = 0.2
 ) -> Tensor:
@@ -173,6 +178,7 @@ def kdrl_mask_advantages(
 
 
 @register_advantage("srpo", paper=_PAPER)
+@computes_in_float32
 def srpo_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: Tensor) -> Tensor:
     r"""SRPO rule: :math:`A_t = c\hat A + (1-c)d_t` (RL on correct rollouts, OPD on the rest).
 
@@ -185,6 +191,7 @@ def srpo_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: 
 
 
 @register_advantage("hdpo", paper=_PAPER)
+@computes_in_float32
 def hdpo_advantages(
     seq_advantages: Tensor, opd: Tensor, mask: Tensor, all_wrong: Tensor, *, beta: float = 0.2
 ) -> Tensor:
@@ -199,6 +206,7 @@ def hdpo_advantages(
 
 
 @register_advantage("rlsd", paper=_PAPER)
+@computes_in_float32
 def rlsd_advantages(
     seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, lam: float = 1.0, eps_r: float = 0.2
 ) -> Tensor:
@@ -241,6 +249,7 @@ def kdrl_annealed_beta(step: int, total_steps: int, *, beta_start: float = 0.2, 
 
 
 @register_advantage("kdrl_annealing", paper=_PAPER)
+@computes_in_float32
 def kdrl_annealing_advantages(
     seq_advantages: Tensor,
     opd: Tensor,
@@ -308,6 +317,7 @@ def plateau_switch_step(val_scores: Float[Tensor, " N"], *, window: int = 10, mi
 
 
 @register_advantage("opd_then_rl", paper=_PAPER)
+@computes_in_float32
 def opd_then_rl_advantages(
     seq_advantages: Tensor, opd: Tensor | None, mask: Tensor, *, step: int, switch_step: int
 ) -> Tensor:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from posttrain.estimators._numerics import computes_in_float32
 from posttrain.registry import Registry, registry
 from posttrain.validate import check_finite, check_float, check_in_range, check_positive, check_same_shape
 
@@ -44,6 +45,7 @@ class DPODiagnostics(NamedTuple):
 
 
 @register_preference_loss("dpo", paper="Rafailov et al. 2023, DPO, arXiv:2305.18290")
+@computes_in_float32
 def dpo_loss(
     logp_chosen: Float[Tensor, " B"],
     logp_rejected: Float[Tensor, " B"],

@@ -267,7 +267,7 @@ def zscore_rewards(rewards: Float[Tensor, " P"], *, eps: float = 1e-8) -> Float[
     _check_rewards(rewards)
     eps = check_positive("eps", eps)
     centred = rewards - rewards.mean()
-    return centred / (centred.square().mean().sqrt() + eps)
+    return centred / (torch.linalg.vector_norm(centred) / rewards.shape[0] ** 0.5 + eps)  # 0 gradient at 0
 
 
 def centered_rank_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:

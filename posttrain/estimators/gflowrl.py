@@ -21,11 +21,19 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
 from posttrain.estimators.advantages import group_normalized_advantages
 from posttrain.estimators.aggregate import masked_mean, masked_sum
 from posttrain.estimators.ratios import LOG_RATIO_CLAMP
-from posttrain.validate import check_finite, check_float, check_mask, check_positive, check_same_shape
+from posttrain.validate import (
+    check_finite,
+    check_float,
+    check_mask,
+    check_nonempty_mask,
+    check_positive,
+    check_same_shape,
+)
 
 __all__ = [
     "FlowGap",
@@ -130,9 +138,11 @@ def _grouped_sums(
         )
     check_same_shape(first_name, first, **{n: t for n, t in token_tensors.items() if n != first_name})
     check_mask("mask", mask, first.shape)
+    check_nonempty_mask("mask", mask)
     sums = {}
     for n, t in token_tensors.items():
-        check_finite(n, torch.where(mask, t.detach(), torch.zeros((), dtype=t.dtype)))
+        check_float(n, t)
+        check_finite(n, t.detach(), mask)
         sums[n] = masked_sum(t, mask, dim=-1).reshape(g, k)
     lengths = mask.sum(dim=-1).reshape(g, k)
     return sums, lengths.to(first.dtype), lengths > 0
@@ -195,20 +205,19 @@ def flow_gap(
         br = beta * rewards.detach()
         log_z = mc_log_partition(br + (d_mean if v is LengthNorm.NORMALIZED else d), valid)
         g = log_z.unsqueeze(-1) - br - (d if v is LengthNorm.CPRIME else d_mean)
-        zero = torch.zeros((), dtype=g.dtype, device=g.device)
-        g = torch.where(valid, g, zero)
+        g = zero_off_mask(g, valid)
         g_clip = g.clamp(-max_up, max_down)
     return FlowGap(g, g_clip, log_z, lengths, valid)
 
 
 def _spread_over_tokens(seq_loss: Tensor, lengths: Tensor, valid: Tensor, mask: Tensor) -> Tensor:
     """``[G, K]`` per-sequence losses -> ``[B, T]``: loss / L on each valid token (0 elsewhere)."""
-    zero = torch.zeros((), dtype=seq_loss.dtype, device=seq_loss.device)
-    per_token = torch.where(valid, seq_loss / lengths.clamp(min=1), zero)
-    return torch.where(mask, per_token.reshape(-1, 1), zero)
+    per_token = zero_off_mask(seq_loss / lengths.clamp(min=1), valid)
+    return zero_off_mask(per_token.reshape(-1, 1).expand(mask.shape), mask)
 
 
 @register_policy_loss("gflowrl", paper="Liu et al. 2026, GFlowRL, arXiv:2607.13394")
+@computes_in_float32
 def gflowrl_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -269,7 +278,7 @@ def gflowrl_loss(
     log_rho = (mean_diff if geometric_ratio else diff).detach()
     weight = torch.exp(log_rho.clamp(max=math.log(is_cap)))
     seq_loss = weight * (gap.clipped_gap + delta) ** 2
-    seq_loss = torch.where(valid, seq_loss, torch.zeros((), dtype=seq_loss.dtype))
+    seq_loss = zero_off_mask(seq_loss, valid)
     with torch.no_grad():
         clipped = (gap.clipped_gap != gap.gap) & valid
         diag = GFlowRLDiagnostics(
@@ -324,6 +333,7 @@ def _flowrl_terms(
 
 
 @register_policy_loss("flowrl", paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207")
+@computes_in_float32
 def flowrl_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -370,9 +380,9 @@ def flowrl_loss(
     check_float("log_z", log_z, ndim=1)
     if log_z.shape[0] != rewards.shape[0]:
         raise ShapeError(f"log_z: expected shape [{rewards.shape[0]}], got {list(log_z.shape)}")
+    check_finite("log_z", log_z)
     residual = log_z.unsqueeze(-1) + terms.offset
-    zero = torch.zeros((), dtype=residual.dtype, device=residual.device)
-    seq_loss = torch.where(terms.valid, terms.weight * residual**2, zero)
+    seq_loss = zero_off_mask(terms.weight * residual**2, terms.valid)
     with torch.no_grad():
         diag = GFlowRLDiagnostics(
             seq_loss.detach(),
@@ -418,5 +428,5 @@ def flowrl_optimal_log_z(
     """
     with torch.no_grad():
         t = _flowrl_terms(logp, logp_old, logp_ref, rewards, mask, beta=beta, clip=clip, r_hat=r_hat)
-        w = torch.where(t.valid, t.weight, torch.zeros((), dtype=t.weight.dtype, device=t.weight.device))
+        w = zero_off_mask(t.weight, t.valid)
         return -(w * t.offset.detach()).sum(-1) / w.sum(-1).clamp(min=torch.finfo(w.dtype).tiny)

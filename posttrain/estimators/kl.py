@@ -11,12 +11,16 @@ Reference: J. Schulman, "Approximating KL divergence", 2020 (joschu.net/blog/kl-
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from posttrain.estimators._numerics import computes_in_float32
 from posttrain.estimators._registry import register_kl
-from posttrain.validate import check_float, check_positive, check_same_shape
+from posttrain.estimators.ratios import LOG_RATIO_CLAMP
+from posttrain.validate import check_finite, check_float, check_positive, check_same_shape
 
 __all__ = ["k1_kl", "k2_kl", "k3_kl", "straight_through"]
 
@@ -27,10 +31,28 @@ def _log_diff(logp: Tensor, logp_ref: Tensor) -> Tensor:
     check_float("logp", logp, ndim=(1, 2, 3))
     check_float("logp_ref", logp_ref)
     check_same_shape("logp", logp, logp_ref=logp_ref)
+    check_finite("logp", logp)
+    check_finite("logp_ref", logp_ref)
     return logp - logp_ref
 
 
+def _k3_lower_gap(max_value: float) -> float:
+    r"""The :math:`d < 0` where :math:`e^{-d} + d - 1 = m` (``max_value``): below it k3 exceeds the cap.
+
+    Newton's method on :math:`f(u) = e^u - u - 1 - m` for :math:`u = -d > 0` (convex and increasing
+    there), started to the right of the root so the iterates decrease monotonically onto it.
+    """
+    u = max(math.log1p(max_value) + 1.0, 1.0)
+    for _ in range(100):
+        step = (math.expm1(u) - u - max_value) / math.expm1(u)
+        u -= step
+        if abs(step) <= 1e-15 * u:
+            break
+    return -u
+
+
 @register_kl("k1", paper=_SCHULMAN)
+@computes_in_float32
 def k1_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
     r"""k1 estimator :math:`\ell - \ell_{ref}` of :math:`\mathrm{KL}(\pi\|\pi_{ref})` per token.
 
@@ -42,6 +64,7 @@ def k1_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[T
 
 
 @register_kl("k2", paper=_SCHULMAN)
+@computes_in_float32
 def k2_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
     r"""k2 estimator :math:`\tfrac12(\ell - \ell_{ref})^2` per token (non-negative, biased).
 
@@ -53,24 +76,34 @@ def k2_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[T
 
 
 @register_kl("k3", paper=_SCHULMAN)
+@computes_in_float32
 def k3_kl(
     logp: Float[Tensor, "B T"],
     logp_ref: Float[Tensor, "B T"],
     *,
-    log_ratio_clamp: float | None = None,
+    log_ratio_clamp: float | None = LOG_RATIO_CLAMP,
     max_value: float | None = None,
 ) -> Float[Tensor, "B T"]:
     r"""k3 estimator :math:`e^{\ell_{ref}-\ell} - (\ell_{ref} - \ell) - 1` per token (non-negative, unbiased).
 
-    Computed as ``expm1(-d) + d`` with :math:`d = \ell - \ell_{ref}` for accuracy near 0. Unclamped
-    by default (TRL); verl's ``low_var_kl`` is ``log_ratio_clamp=20, max_value=10`` (clamp
-    :math:`d` to ``[-20, 20]``, then the value to at most 10), OpenRLHF's is ``max_value=10``.
-    A clamp makes the estimator biased and zeroes its gradient where it is active.
+    Computed as ``expm1(-d) + d`` with :math:`d = \ell - \ell_{ref}` for accuracy near 0. By default
+    :math:`d` is clamped to ``[-20, 20]`` (verl's and OpenRLHF's log-ratio clamp), so the value is
+    finite (at most :math:`e^{20} + 19`) whatever the gap; TRL leaves it unclamped
+    (``log_ratio_clamp=None``, which overflows to inf for gaps beyond ~88 in float32). verl's
+    ``low_var_kl`` is ``log_ratio_clamp=20, max_value=10``; OpenRLHF's is ``max_value=10``. A clamp
+    makes the estimator biased and zeroes its gradient where it is active. The cap
+    ``max_value = m`` is applied to :math:`d` (at the gap :math:`d_m < 0` with k3 :math:`= m`, and
+    to the value for :math:`d > 0`), so :math:`e^{-d}` never overflows where the cap binds and the
+    gradient there is exactly 0, not NaN.
 
     Args:
-        logp, logp_ref: same-shape float log-probs (``[B, T]``) of the sampled tokens.
-        log_ratio_clamp: if set (positive), clamp :math:`d` to ``[-c, c]`` first.
+        logp, logp_ref: same-shape float log-probs (``[B, T]``) of the sampled tokens, finite.
+        log_ratio_clamp: if set (positive), clamp :math:`d` to ``[-c, c]`` first; None: unclamped.
         max_value: if set (positive), clamp the value to at most this.
+
+    Raises:
+        ShapeError: non-float or mismatched inputs. DomainError: non-finite log-probs, a
+        non-positive clamp or cap.
 
     Example:
         >>> round(float(k3_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]))), 7)
@@ -80,8 +113,11 @@ def k3_kl(
     if log_ratio_clamp is not None:
         c = check_positive("log_ratio_clamp", log_ratio_clamp)
         d = d.clamp(-c, c)
-    k3 = torch.expm1(-d) + d
-    return k3 if max_value is None else k3.clamp(max=check_positive("max_value", max_value))
+    if max_value is None:
+        return torch.expm1(-d) + d
+    m = check_positive("max_value", max_value)
+    d = d.clamp(min=_k3_lower_gap(m) * (1.0 + 1e-6))  # just past the root: the value cap below is exact
+    return (torch.expm1(-d) + d).clamp(max=m)
 
 
 def straight_through(value: Tensor, gradient: Tensor) -> Tensor:

@@ -6,15 +6,16 @@ Each loss returns ``(loss [B, T], diagnostics)``; reduce with
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
-from posttrain.estimators.aggregate import _zero_off_mask, masked_mean
+from posttrain.estimators.aggregate import masked_sum
 from posttrain.estimators.ratios import LOG_RATIO_CLAMP, log_ratio, sequence_log_ratio
 from posttrain.validate import (
     broadcast_to_tokens,
@@ -82,31 +83,48 @@ def ppo_clip_objective(
     clip_high: float,
     dual_clip: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""The elementwise PPO-clip loss :math:`\max(-A r, -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h))`,
-    with the dual clip :math:`\min(\cdot, -cA)` for :math:`A < 0` when ``dual_clip=c``.
+    r"""The elementwise PPO-clip loss, written as in the paper (the plain reference form).
 
-    Returns ``(loss, clipped, dual_clipped)`` where the last two are boolean masks of where each
-    bound is the active branch (its gradient with respect to ``ratio`` is then zero). ``ratio``
-    must be positive. No validation: callers validate.
+    .. math::
+        L = \max\big(-A r,\; -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h)\big),\qquad
+        L \leftarrow \min(L, -cA)\ \text{where}\ A < 0\ \text{(dual clip, ``dual_clip=c``)}
+
+    Returns ``(loss, clipped, dual_clipped)``: the loss at the broadcast shape of ``ratio`` and
+    ``advantages``, and boolean masks of where the clipped branch, respectively the dual bound
+    :math:`-cA`, is the active one (the gradient with respect to ``ratio`` is zero there). ``ratio``
+    must be positive. No validation: callers validate. :func:`clipped_ratio_loss` computes the same
+    numbers in fewer passes; its tests compare it with this form.
+
+    Example:
+        >>> loss, clipped, dual = ppo_clip_objective(
+        ...     torch.tensor([1.5, 0.5, 5.0]), torch.tensor([1.0, -1.0, -1.0]), clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+        >>> loss.tolist(), clipped.tolist(), dual.tolist()
+        ([-1.2000000476837158, 0.800000011920929, 3.0], [True, True, False], [False, False, True])
     """
-    r_eff = _clipped_ratio(ratio, advantages, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-    moved = r_eff != ratio
-    dual = moved & (advantages < 0) & (r_eff < ratio) if dual_clip is not None else torch.zeros_like(moved)
-    return -advantages * r_eff, moved & ~dual, dual
+    check_float("ratio", ratio)
+    check_float("advantages", advantages)
+    unclipped = -advantages * ratio
+    clipped_branch = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped_branch)
+    clipped = clipped_branch > unclipped
+    if dual_clip is None:
+        return loss, clipped, torch.zeros_like(clipped)
+    bound = -float(dual_clip) * advantages
+    dual = (advantages < 0) & (loss > bound)
+    return torch.where(dual, bound, loss), clipped & ~dual, dual
 
 
-def _clipped_ratio(
-    ratio: Tensor, advantages: Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None
-) -> Tensor:
-    r"""The effective ratio :math:`\tilde r` with :math:`L = -A\tilde r` equal to the PPO-clip loss.
+def _clip_bounds(
+    advantages: Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor]:
+    r"""Per-element bounds :math:`(l_A, u_A)` with PPO-clip :math:`= -A\,\mathrm{clamp}(r, l_A, u_A)` for :math:`r > 0`.
 
-    Since :math:`r > 0`: for :math:`A > 0`, :math:`\max(-Ar, -A\,\mathrm{clip}(r)) = -A\min(r, 1+\epsilon_h)`;
-    for :math:`A < 0` it is :math:`-A\max(r, 1-\epsilon_l)`, and the dual clip caps that at
-    :math:`c`. So one ``clamp`` with per-element bounds (computed at the advantages' shape, ``[B, 1]``
-    for sequence advantages) gives the loss, and its gradient is zero exactly where a bound is active.
-    With :math:`A = 0` no bound applies (the loss is 0 either way; nothing counts as clipped).
+    For :math:`A > 0`, :math:`\max(-Ar, -A\,\mathrm{clip}(r)) = -A\min(r, 1+\epsilon_h)`; for
+    :math:`A < 0` it is :math:`-A\max(r, 1-\epsilon_l)`, and the dual clip caps that at :math:`c`;
+    :math:`A = 0` gets no bound (the loss is 0 either way; nothing counts as clipped). Computed at
+    the advantages' shape (``[B, 1]`` for sequence advantages), so it costs nothing per token.
     """
-    dtype, device = ratio.dtype, ratio.device
+    dtype, device = advantages.dtype, advantages.device
     inf = torch.tensor(float("inf"), dtype=dtype, device=device)
     neg = advantages < 0
     lower = torch.where(neg, torch.tensor(1.0 - clip_low, dtype=dtype, device=device), torch.zeros((), dtype=dtype))
@@ -114,7 +132,7 @@ def _clipped_ratio(
     upper = torch.where(
         advantages > 0, torch.tensor(1.0 + clip_high, dtype=dtype, device=device), torch.where(neg, upper_neg, inf)
     )
-    return torch.clamp(ratio, lower, upper)
+    return lower, upper
 
 
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
@@ -126,22 +144,132 @@ def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None) -> N
         raise DomainError(f"dual_clip: expected a constant c > 1 (or None), got {dual_clip!r}")
 
 
+def _diagnostics(
+    n_clipped: Tensor, n_dual: Tensor, lr_sum: Tensor, ratio_sum: Tensor, n_valid: Tensor, dtype: torch.dtype
+) -> ClipDiagnostics:
+    """The clip diagnostics from token counts and sums over the mask (the one place they are defined)."""
+    n = n_valid.clamp(min=1).to(dtype)
+    return ClipDiagnostics(
+        clip_frac=n_clipped.to(dtype) / n,
+        dual_clip_frac=n_dual.to(dtype) / n,
+        approx_kl=-lr_sum.to(dtype) / n,
+        ratio_mean=ratio_sum.to(dtype) / n,
+    )
+
+
 def _masked_with_diagnostics(
     loss: Tensor, clipped: Tensor, dual: Tensor, lr: Tensor, ratio: Tensor, mask: Tensor
 ) -> tuple[Tensor, ClipDiagnostics]:
-    """Zero the loss off the mask and compute the clip diagnostics as token means."""
-    loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    """Zero the loss off the mask and compute the clip diagnostics as token means.
+
+    ``clipped`` and ``dual`` are boolean (or, per position, fractions in [0, 1]) at the mask's shape.
+    """
+    loss = zero_off_mask(loss, mask)
     with torch.no_grad():
-        diag = ClipDiagnostics(
-            clip_frac=masked_mean(clipped.to(loss.dtype), mask),
-            dual_clip_frac=masked_mean(dual.to(loss.dtype), mask),
-            approx_kl=masked_mean(-lr, mask),
-            ratio_mean=masked_mean(ratio, mask),
+        dt = loss.dtype
+        diag = _diagnostics(
+            masked_sum(clipped.to(dt), mask),
+            masked_sum(dual.to(dt), mask),
+            masked_sum(lr, mask),
+            masked_sum(ratio, mask),
+            mask.count_nonzero(),
+            dt,
         )
     return loss, diag
 
 
+def _plain_clipped_ratio_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    on_policy: Tensor | None,
+) -> tuple[Tensor, ClipDiagnostics]:
+    """:func:`clipped_ratio_loss` in the plain form (validated inputs; ``adv`` already ``[B, T]``)."""
+    lr = zero_off_mask(logp - logp_old, mask)  # off-mask NaN/inf reach neither value nor gradient
+    if on_policy is not None:  # value 0, gradient kept
+        lr = lr - zero_off_mask(lr.detach(), on_policy)
+    lr = lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(lr)
+    loss, clipped, dual = ppo_clip_objective(
+        ratio, zero_off_mask(adv, mask), clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip
+    )
+    return _masked_with_diagnostics(loss, clipped, dual, lr, ratio, mask)
+
+
+def _masked_log_ratio(logp: Tensor, logp_old: Tensor, keep8: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(lr, min, max)``: the log-ratio times the uint8 mask ``keep8`` (no gradient) and its range.
+
+    A NaN or infinity off the mask survives the multiply (``NaN * 0``) and shows in the range; the
+    caller then masks with ``where`` (:func:`_masked_log_ratio_where`).
+    """
+    lr = torch.sub(logp, logp_old).mul_(keep8)
+    lo, hi = torch.aminmax(lr)
+    return lr, lo, hi
+
+
+def _masked_log_ratio_where(logp: Tensor, logp_old: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_masked_log_ratio` with ``where``: exact zeros off the mask whatever it holds."""
+    lr = torch.where(keep, torch.sub(logp, logp_old), torch.zeros((), dtype=logp.dtype, device=logp.device))
+    lo, hi = torch.aminmax(lr)
+    return lr, lo, hi
+
+
+def _fused_forward(
+    lr: Tensor, neg_adv: Tensor, lower: Tensor, upper: Tensor, mask8: Tensor, with_dual: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    r"""Forward of the fused PPO-clip loss: ``(loss, dloss/dlogp, n_active, n_dual, sum lr, sum r)``.
+
+    ``lr`` is the log-ratio, 0 off the mask and on on-policy tokens (consumed: edited in place),
+    finite and within :math:`\pm 20` (the caller checks, so the clamp is the identity);
+    ``neg_adv`` is :math:`-A` (0 off the mask), ``lower``/``upper`` the bounds of ``_clip_bounds``.
+    :math:`\partial L/\partial\ell = -A r` where the clamp is the identity (``active``), else 0.
+    Sums run over every entry: off the mask :math:`\log r = 0`, :math:`r = 1` and nothing is clipped.
+    """
+    lr_sum = lr.sum()
+    ratio = lr.exp_()
+    loss = torch.clamp(ratio, lower, upper)
+    active = loss == ratio
+    n_dual = ((loss < ratio) & (neg_adv > 0)).count_nonzero() if with_dual else torch.zeros((), dtype=torch.long)
+    loss = loss.mul_(neg_adv).mul_(mask8)
+    coef = loss * active.view(torch.uint8)
+    return loss, coef, active.count_nonzero(), n_dual, lr_sum, ratio.sum()
+
+
+class _FusedClippedLoss(torch.autograd.Function):
+    """PPO-clip per-token loss with a one-pass backward: ``dL/dlogp = grad * coef`` (coef saved)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        logp: Tensor,
+        logp_old: Tensor,
+        lr: Tensor,
+        neg_adv: Tensor,
+        lower: Tensor,
+        upper: Tensor,
+        mask8: Tensor,
+        with_dual: bool,
+    ) -> tuple[Tensor, ...]:
+        loss, coef, n_active, n_dual, lr_sum, ratio_sum = _fused_forward(lr, neg_adv, lower, upper, mask8, with_dual)
+        ctx.save_for_backward(coef)
+        ctx.mark_non_differentiable(n_active, n_dual, lr_sum, ratio_sum)
+        return loss, n_active, n_dual, lr_sum, ratio_sum
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *_: Any) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        (coef,) = ctx.saved_tensors
+        g = grad * coef
+        g_old = -g if ctx.needs_input_grad[1] else None
+        return (g if ctx.needs_input_grad[0] else None), g_old, *([None] * 6)
+
+
 @register_policy_loss("ppo_clip", paper="Schulman et al. 2017, PPO, arXiv:1707.06347")
+@computes_in_float32
 def clipped_ratio_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -152,6 +280,7 @@ def clipped_ratio_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     on_policy: Bool[Tensor, "B T"] | None = None,
+    fused: bool = True,
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
     r"""PPO clipped-ratio policy loss per token (clip-higher and dual clip as options).
 
@@ -162,10 +291,17 @@ def clipped_ratio_loss(
     and, with ``dual_clip = c > 1``, :math:`L \leftarrow \min(L, -cA)` where :math:`A < 0`.
     Masked positions are 0 and get zero gradient whatever the inputs hold there (NaN and inf
     included); the gradient is zero exactly where a clip bound is active (and where :math:`A = 0`).
-    Computed as :math:`L = -A\,\mathrm{clamp}(r, l_A, u_A)` with per-sign bounds (see
-    ``_clipped_ratio``), equal to the max/min form. Defaults: symmetric clip 0.2 and no dual clip; verl's ``vanilla`` is
-    ``dual_clip=3.0``; DAPO's clip-higher is ``clip_high=0.28``; TRL does not clamp the log-ratio
-    (irrelevant unless :math:`|\ell-\ell_{old}| > 20`).
+    Defaults: symmetric clip 0.2 and no dual clip; verl's ``vanilla`` is ``dual_clip=3.0``; DAPO's
+    clip-higher is ``clip_high=0.28``; TRL does not clamp the log-ratio (irrelevant unless
+    :math:`|\ell-\ell_{old}| > 20`). float16/bfloat16 inputs are computed in float32 and the outputs
+    returned in the input dtype.
+
+    The default (``fused=True``) computes :math:`L = -A\,\mathrm{clamp}(r, l_A, u_A)` with
+    per-sign bounds (equal to the max/min form for :math:`r > 0`, see ``_clip_bounds``) in a
+    custom autograd function: a few in-place passes forward and one multiply backward
+    (:math:`\partial L/\partial\ell = -A r` where no bound is active, else 0, saved in the
+    forward). ``fused=False`` is the plain form (:func:`ppo_clip_objective` on masked tensors);
+    the tests hold the two equal in value, gradient and diagnostics. Log-ratios beyond :math:`\pm 20` on the mask (the clamp binds) take the plain form.
 
     Args:
         logp: ``[B, T]`` current-policy token log-probs (carries gradient).
@@ -179,6 +315,7 @@ def clipped_ratio_loss(
             :math:`\ell - \mathrm{sg}(\ell)` (ratio value 1, gradient :math:`\nabla\ell`, never clipped),
             in place of a substituted copy of ``logp_old`` (SIS's accepted tokens,
             :func:`posttrain.estimators.sis.sis_loss`).
+        fused: the fused computation (default) or the plain reference form.
 
     Returns:
         ``(loss [B, T], ClipDiagnostics)``.
@@ -201,44 +338,47 @@ def clipped_ratio_loss(
     """
     _check_clip(clip_low, clip_high, dual_clip)
     _check_policy_shapes(logp, logp_old, advantages, mask)
-    # One pass per step, no [B, T] copy of sequence advantages: bounds are computed at [B, 1].
+    if on_policy is not None:
+        check_mask("on_policy", on_policy, logp.shape)
     n_valid = mask.count_nonzero()
     if value_checks_enabled() and int(n_valid) == 0:
         raise DomainError("mask: the mask selects no position; at least one token is required")
     mask8 = mask.view(torch.uint8)
     if advantages.ndim == 1:  # rows without a valid token get advantage 0 (NaN there never leaks)
-        adv = _zero_off_mask(advantages, mask8.amax(dim=-1).view(torch.bool)).unsqueeze(-1)
+        adv = zero_off_mask(advantages, mask8.amax(dim=-1).view(torch.bool)).unsqueeze(-1)
     else:
-        adv = _zero_off_mask(advantages, mask)
+        adv = zero_off_mask(advantages, mask)
     check_finite("advantages", adv)
-    # Off the mask the log-ratio is 0 (ratio 1, never clipped), so NaN/inf there reach neither
-    # the value nor the gradient, and the diagnostics need no further masking.
-    # In-place steps act on temporaries made here (fewer [B, T] allocations; autograd-safe).
-    lr = _zero_off_mask(logp - logp_old, mask, inplace=True)
-    if value_checks_enabled() and not bool(torch.isfinite(lr.detach().sum())):
-        check_finite("logp", logp, mask)
-        check_finite("logp_old", logp_old, mask)
-    if on_policy is not None:  # value 0, gradient kept: edit the data only (no saved tensor holds lr yet)
-        check_mask("on_policy", on_policy, logp.shape)
-        lr.detach().mul_((~on_policy).view(torch.uint8))
-    lr = lr.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(lr)
-    r_eff = _clipped_ratio(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-    loss = (r_eff * -adv).mul_(mask8)  # finite everywhere here, so a multiply masks exactly
-    with torch.no_grad():
-        n = n_valid.clamp(min=1).to(logp.dtype)
-        n_moved = (r_eff != ratio).count_nonzero()
-        n_dual = ((r_eff < ratio) & (adv < 0)).count_nonzero() if dual_clip is not None else torch.zeros_like(n_moved)
-        diag = ClipDiagnostics(
-            clip_frac=(n_moved - n_dual).to(logp.dtype) / n,
-            dual_clip_frac=n_dual.to(logp.dtype) / n,
-            approx_kl=-lr.sum() / n,
-            ratio_mean=(ratio.sum() - (mask.numel() - n_valid).to(logp.dtype)) / n,
-        )
-    return loss, diag
+    if fused:
+        keep8 = mask8 if on_policy is None else (mask & ~on_policy).view(torch.uint8)
+        with torch.no_grad():
+            lr, lo, hi = _masked_log_ratio(logp.detach(), logp_old.detach(), keep8)
+            if not bool(torch.isfinite(lo) & torch.isfinite(hi)):  # NaN/inf somewhere: off the mask, or an error
+                lr, lo, hi = _masked_log_ratio_where(logp.detach(), logp_old.detach(), keep8.view(torch.bool))
+        # NaN/inf on the mask, or a log-ratio where the +-20 clamp binds: the plain form (which raises on NaN/inf)
+        if bool((lo >= -LOG_RATIO_CLAMP) & (hi <= LOG_RATIO_CLAMP)):
+            neg_adv = -adv.detach()
+            lower, upper = _clip_bounds(adv.detach(), clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+            loss, n_active, n_dual, lr_sum, ratio_sum = _FusedClippedLoss.apply(
+                logp, logp_old, lr, neg_adv, lower, upper, mask8, dual_clip is not None
+            )
+            if adv.requires_grad:  # the advantages' gradient, -clamp(r) (never needed for the policy update)
+                r_eff = torch.clamp(
+                    torch.exp(zero_off_mask(logp.detach() - logp_old.detach(), keep8.bool())), lower, upper
+                )
+                loss = loss + zero_off_mask(r_eff * (-adv - neg_adv), mask)
+            n_off = mask.numel() - n_valid  # off the mask: log-ratio 0, ratio 1, never clipped
+            n_clipped = mask.numel() - n_active - n_dual
+            return loss, _diagnostics(n_clipped, n_dual, lr_sum, ratio_sum - n_off, n_valid, logp.dtype)
+    check_finite("logp", logp, mask)
+    check_finite("logp_old", logp_old, mask)
+    return _plain_clipped_ratio_loss(
+        logp, logp_old, adv, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, on_policy=on_policy
+    )
 
 
 @register_policy_loss("gspo", paper="Zheng et al. 2025, GSPO, arXiv:2507.18071")
+@computes_in_float32
 def gspo_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -281,8 +421,7 @@ def gspo_loss(
     """
     _check_clip(clip_low, clip_high, None)
     adv = _check_policy_inputs(logp, logp_old, advantages, mask)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    logp_v = torch.where(mask, logp, zero)  # off-mask NaN/inf reach neither value nor gradient
+    logp_v = zero_off_mask(logp, mask)  # off-mask NaN/inf reach neither value nor gradient
     seq_lr = sequence_log_ratio(logp, logp_old, mask).detach()
     token_lr = seq_lr.unsqueeze(-1) + logp_v - logp_v.detach()
     token_lr = token_lr.clamp(max=GSPO_LOG_RATIO_MAX)
@@ -315,6 +454,7 @@ def _cispo_bounds(clip_mode: str, clip_low: float | None, clip_high: float | Non
 
 
 @register_policy_loss("cispo", paper="MiniMax 2025, MiniMax-M1 (CISPO), arXiv:2506.13585")
+@computes_in_float32
 def cispo_loss(
     logp: Float[Tensor, "B T"],
     logp_old: Float[Tensor, "B T"],
@@ -391,14 +531,13 @@ def cispo_loss(
     adv = _check_policy_inputs(logp, logp_old, advantages, mask)
     if on_policy is not None:
         check_mask("on_policy", on_policy, logp.shape)
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    logp_v = torch.where(mask, logp, zero)  # off-mask NaN/inf reach neither value nor gradient
+    logp_v = zero_off_mask(logp, mask)  # off-mask NaN/inf reach neither value nor gradient
     with torch.no_grad():
-        lr = torch.where(mask, log_ratio(logp, logp_old), zero)
+        lr = zero_off_mask(log_ratio(logp, logp_old), mask)
         if on_policy is not None:
             lr = lr.masked_fill_(on_policy, 0.0)  # ratio 1, inside every clip range: weight exactly 1
         ratio = torch.exp(lr)
         weight = ratio.clamp(lower, upper)
-        scaled = torch.where(mask, adv, zero).mul_(weight)
+        scaled = zero_off_mask(adv, mask).mul_(weight)
     loss = -scaled * logp_v
     return _masked_with_diagnostics(loss, weight != ratio, torch.zeros_like(mask), lr, ratio, mask)

@@ -165,7 +165,12 @@ def gap_factors(
 
     :math:`\bar m` is the plain mean over present domains (the paper); pass
     ``reference_weights`` (e.g. the token-share weights) for the released code's weighted mean.
-    Absent domains get factor 1 (they carry no rows); all magnitudes 0 gives factors 1.
+    Absent domains get factor 1 (they carry no rows); all magnitudes 0 gives factors 1. A present
+    domain with magnitude 0 gets :math:`\mathrm{clip}(0^\alpha) = f_{lo}` for :math:`\alpha > 0`
+    (and 1 for :math:`\alpha = 0`): the power is taken of the exact ratio, never of a floored one.
+
+    Raises:
+        DomainError: a negative magnitude (magnitudes are absolute gaps).
 
     Example:
         >>> [round(x, 4) for x in gap_factors(torch.tensor([0.3, 0.1]), torch.tensor([True, True])).tolist()]
@@ -173,11 +178,13 @@ def gap_factors(
     """
     check_float("magnitudes", magnitudes, ndim=1)
     check_mask("present", present, magnitudes.shape)
+    if magnitudes.numel() and bool((magnitudes < 0).any()):
+        raise DomainError(f"magnitudes: expected non-negative gap magnitudes, got {magnitudes.tolist()}")
     m = magnitudes.to(torch.float64)
     wts = present.to(torch.float64) if reference_weights is None else reference_weights.to(torch.float64) * present
     m_bar = (wts * m).sum() / wts.sum().clamp(min=eps)
     ratio = torch.where(m_bar > 0, m / m_bar.clamp(min=eps), torch.ones_like(m))
-    f = ratio.clamp(min=eps) ** float(alpha)
+    f = ratio ** float(alpha)  # 0 ** alpha = 0 (alpha > 0), 1 (alpha = 0), inf (alpha < 0): the clip decides
     return torch.where(present, f.clamp(clip[0], clip[1]), torch.ones_like(f))
 
 

@@ -3,7 +3,7 @@ r"""Muon and AdamW as pure (init, update) pairs with explicit state, plus update
 Both updates work on tensors with any leading batch dimensions (e.g. a leading seed axis
 ``[S, m, n]``), so toy runs can vectorise over seeds and learning rates. They return additive
 updates :math:`\Delta W` (apply with ``W + ΔW``) and the new state; nothing is mutated.
-:mod:`posttrain.llm.optimizers` wraps them as a ``torch.optim.Optimizer`` for real models.
+:mod:`posttrain.llm.train.muon` wraps them as a ``torch.optim.Optimizer`` for real models.
 
 References:
     K. Jordan et al. 2024, Muon: an optimizer for hidden layers (kellerjordan.github.io/posts/muon);

@@ -29,9 +29,10 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import computes_in_float32
 from posttrain.estimators._registry import register_advantage
 from posttrain.estimators.advantages import group_normalized_advantages
-from posttrain.validate import check_finite, check_float, check_mask, check_positive
+from posttrain.validate import check_choice, check_finite, check_float, check_mask, check_positive
 
 __all__ = [
     "OraRLAdvantages",
@@ -252,6 +253,7 @@ def post_selection_correction(
 
 
 @register_advantage("orarl", paper=_PAPER)
+@computes_in_float32
 def orarl_advantages(
     rewards: Float[Tensor, "G n"],
     oracle_reward: Float[Tensor, " G"],
@@ -282,7 +284,7 @@ def orarl_advantages(
         >>> [round(x, 4) for x in out.advantages[0][out.keep[0]].tolist()]
         [-0.0435, -0.0435, 0.0365, 0.0505]
     """
-    mode = OracleMode(oracle_mode)
+    mode = check_choice("oracle_mode", oracle_mode, OracleMode)
     pol, g = orarl_policy_advantages(rewards, oracle_reward, gamma=gamma)
     r = rewards.detach()
     if mode is OracleMode.DETACHED:
@@ -309,6 +311,7 @@ def orarl_advantages(
 
 
 @register_advantage("naive_oracle_injection", paper=_PAPER)
+@computes_in_float32
 def naive_injection_advantages(
     rewards: Float[Tensor, "G n"], oracle_reward: Float[Tensor, " G"], *, eps: float = 1e-6
 ) -> Float[Tensor, "G n+1"]:

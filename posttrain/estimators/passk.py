@@ -3,6 +3,7 @@ r"""Unbiased pass@k and mean@k from n samples with c correct (Chen et al. 2021).
 from __future__ import annotations
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
@@ -23,6 +24,12 @@ def _as_int_array(name: str, x: ArrayLike) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _like_input(out: np.ndarray, *inputs: ArrayLike) -> np.ndarray | Tensor:
+    """``out`` as a float64 tensor on the first tensor input's device when any input is a tensor, else as is."""
+    tensor = next((x for x in inputs if isinstance(x, Tensor)), None)
+    return out if tensor is None else torch.as_tensor(out, dtype=torch.float64, device=tensor.device)
+
+
 def _check_counts(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n_, c_, k_ = _as_int_array("n", n), _as_int_array("c", c), _as_int_array("k", k)
     try:
@@ -39,7 +46,7 @@ def _check_counts(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> tuple[np.ndarray,
     return n_, c_, k_
 
 
-def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
+def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
     r"""Unbiased pass@k, vectorised over broadcastable arrays of n, c, k.
 
     .. math:: \mathrm{pass@}k = 1 - \binom{n-c}{k}\Big/\binom{n}{k}
@@ -53,7 +60,8 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
         n: samples per problem (>= 1). c: correct samples (0 <= c <= n). k: 1 <= k <= n.
 
     Returns:
-        float64 array of the broadcast shape (0-d for scalar input).
+        float64 array of the broadcast shape (0-d for scalar input); a float64 tensor (on the input's
+        device) when any input is a tensor.
 
     Raises:
         ShapeError: non-integer or non-broadcastable input. DomainError: counts out of range.
@@ -72,7 +80,7 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
     width = int(flat_c.max()) if flat_c.size else 0
     if width == 0:
         out[...] = np.where(certain, 1.0, 0.0)
-        return out
+        return _like_input(out, n, c, k)
     j = np.arange(width)[None, :]
     i = (flat_n - flat_c)[:, None] + 1 + j  # i in (n - c, n]
     valid = j < flat_c[:, None]
@@ -80,10 +88,10 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
         terms = np.where(valid & ~certain.ravel()[:, None], np.log1p(-flat_k[:, None] / i), 0.0)
     val = -np.expm1(terms.sum(axis=1))
     out = np.where(certain.ravel(), 1.0, val).reshape(n_.shape)
-    return out
+    return _like_input(out, n, c, k)
 
 
-def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
+def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
     r"""Unbiased mean@k: the expected fraction correct among k of the n samples drawn without replacement.
 
     .. math:: \mathrm{mean@}k = c / n
@@ -97,7 +105,7 @@ def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
         n: samples per problem (>= 1). c: correct samples (0 <= c <= n). k: 1 <= k <= n.
 
     Returns:
-        float64 array of the broadcast shape.
+        float64 array of the broadcast shape; a float64 tensor when any input is a tensor.
 
     Raises:
         ShapeError: non-integer or non-broadcastable input. DomainError: counts out of range.
@@ -107,4 +115,4 @@ def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
         (0.25, [0.0, 0.75])
     """
     n_, c_, _ = _check_counts(n, c, k)
-    return (c_ / n_).astype(np.float64)
+    return _like_input((c_ / n_).astype(np.float64), n, c, k)

@@ -30,7 +30,14 @@ from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.registry import Registry, registry
-from posttrain.validate import check_finite, check_float, check_positive, check_same_shape, value_checks_enabled
+from posttrain.validate import (
+    check_choice,
+    check_finite,
+    check_float,
+    check_positive,
+    check_same_shape,
+    value_checks_enabled,
+)
 
 __all__ = [
     "VALUE_GRADIENTS",
@@ -531,7 +538,7 @@ def scale_bounded_loss(
     """
     _check_velocities(v_theta, v_old=v_old, v_target=v_target, advantages=advantages, t=t)
     _check_times(t)
-    mode = Curvature(curvature)
+    mode = check_choice("curvature", curvature, Curvature)
     a_q = {Curvature.SIGNED: advantages, Curvature.ABS: advantages.abs(), Curvature.ONE: torch.ones_like(advantages)}
     delta_v = v_theta - v_old
     d = v_target - v_old

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.registry import registry
-from posttrain.validate import check_float, check_in_range
+from posttrain.validate import check_choice, check_float, check_in_range
 
 __all__ = [
     "SARMask",
@@ -160,10 +160,7 @@ def sar_project(
     k = sar_rank(delta_fraction, m, n) if k is None else int(k)
     if k < 1:
         raise DomainError(f"k: expected a positive integer, got {k!r}")
-    try:
-        mask = SARMask(mask)
-    except ValueError:
-        raise DomainError(f"mask: expected one of {[x.value for x in SARMask]}, got {mask!r}") from None
+    mask = check_choice("mask", mask, SARMask)
     uk, sk, vk = low_rank_truncation(delta, k, randomized=randomized)
     if mask is SARMask.FULL and base_rank is None:
         fast = _full_rank_projection(w0, uk, sk, vk, tol)

@@ -14,7 +14,9 @@ Pieces, all pure or (init, update) with explicit state:
   (the static baseline: branch from the highest-entropy prefix).
 
 Shapes: P prompts, S candidate states per prompt, A intervention actions (pairs (b, tau)),
-D feature dimension, N traces.
+D feature dimension, N traces. The controller and the planners also take optional leading batch
+dimensions (``*R``, e.g. independent runs or seeds): every run then has its own coefficients, its
+own trace window and, for the planners, its own generator; runs never share a fit or a draw.
 
 Reference: Zhang et al. 2026, "Optimizing What Policies Learn From: Recoverability-aware Rollout
 Intervention Learning", arXiv:2608.05080. Every formula here is *reconstructed* from descriptions
@@ -24,6 +26,7 @@ of the paper (spec 11, section 3).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -103,30 +106,44 @@ def recoverability_gain(
 
 
 def recency_weights(
-    steps: Int[Tensor, " N"], now: int, *, gamma: float = 0.99, window: int | None = None
-) -> Float[Tensor, " N"]:
+    steps: Int[Tensor, "*R N"],
+    now: int,
+    *,
+    gamma: float = 0.99,
+    window: int | None = None,
+    mask: Bool[Tensor, "*R N"] | None = None,
+) -> Float[Tensor, "*R N"]:
     r"""Normalised recency weights :math:`\omega_k = \gamma^{t-t_k}/\sum_{j\in\mathcal W_t}\gamma^{t-t_j}`.
 
     Only the last ``window`` entries (the most recently appended) are in :math:`\mathcal W_t`;
-    the others get weight 0. Weights are non-negative, sum to 1 (when N > 0) and do not increase
-    with a trace's age. Computed in log space (no underflow for old traces).
+    the others get weight 0. With ``steps`` and ``mask`` of shape ``[*R, N]`` (one row per run) only the masked entries
+    count, the window keeps each run's last ``window`` masked entries, and each row is normalised
+    on its own (a row with no entry is all 0). Weights are non-negative, sum to 1 (when there is an
+    entry) and do not increase with a trace's age. Computed in log space (no underflow for old traces).
 
     Example:
         >>> [round(x, 4) for x in recency_weights(torch.tensor([0, 1, 1]), 1, gamma=0.5).tolist()]
         [0.2, 0.4, 0.4]
     """
-    check_tensor("steps", steps, ndim=1)
+    check_tensor("steps", steps)
+    if steps.ndim < 1:
+        raise ShapeError(f"steps: expected a [..., N] integer tensor, got shape {list(steps.shape)}")
     if not 0.0 < gamma <= 1.0:
         raise DomainError(f"gamma: expected a value in (0, 1], got {gamma!r}")
-    n = steps.shape[0]
+    n = steps.shape[-1]
     log_w = (int(now) - steps).to(torch.float64) * math.log(gamma)
+    inside = torch.ones(steps.shape, dtype=torch.bool) if mask is None else mask
+    if mask is not None and (mask.dtype != torch.bool or mask.ndim < 1 or mask.shape[-1] != n):
+        raise ShapeError(f"mask: expected a boolean [..., {n}] tensor, got {mask.dtype} {list(mask.shape)}")
     if window is not None:
         w = int(check_positive("window", window))
-        inside = torch.arange(n) >= n - w
-        log_w = torch.where(inside, log_w, torch.full_like(log_w, -math.inf))
+        from_end = inside.flip(-1).to(torch.long).cumsum(-1).flip(-1)  # masked entries at or after each one
+        inside = inside & (from_end <= w)
+    log_w = torch.where(inside, log_w, torch.full_like(log_w, -math.inf))
     if n == 0:
         return log_w
-    return torch.softmax(log_w, dim=0)
+    weights = torch.softmax(log_w, dim=-1)
+    return torch.where(inside.any(-1, keepdim=True), weights, torch.zeros_like(weights))
 
 
 def huber(error: Tensor, delta: float) -> Tensor:
@@ -142,43 +159,48 @@ def huber(error: Tensor, delta: float) -> Tensor:
 
 
 class ControllerState(NamedTuple):
-    """Linear gain predictors (one per action) and their trace window."""
+    """Linear gain predictors (one per action) and their trace window, optionally one per run (``*R``)."""
 
     coef: Tensor
-    """``[A, D]`` coefficients; prediction :math:`f(c, a) = c^\\top\\beta_a`."""
+    """``[*R, A, D]`` coefficients; prediction :math:`f(c, a) = c^\\top\\beta_a`."""
     features: Tensor
-    """``[N, D]`` trace contexts, oldest first (N <= window)."""
+    """``[*R, N, D]`` trace contexts, oldest first."""
     actions: Tensor
-    """``[N]`` int64 trace actions."""
+    """``[*R, N]`` int64 trace actions."""
     gains: Tensor
-    """``[N]`` realised gains."""
+    """``[*R, N]`` realised gains."""
     steps: Tensor
-    """``[N]`` int64 step of each trace."""
+    """``[*R, N]`` int64 step of each trace."""
+    valid: Tensor | None = None
+    """``[*R, N]`` boolean, the trace belongs to the run's window (``None``: all do)."""
 
 
-def controller_init(num_actions: int, num_features: int, *, dtype: torch.dtype = torch.float64) -> ControllerState:
-    """A controller with no traces; it predicts 0 for every action."""
-    a, d = int(num_actions), int(num_features)
+def controller_init(
+    num_actions: int, num_features: int, *, runs: Sequence[int] = (), dtype: torch.dtype = torch.float64
+) -> ControllerState:
+    """A controller with no traces (one per run when ``runs`` gives the batch shape ``*R``); it predicts 0."""
+    a, d, r = int(num_actions), int(num_features), tuple(int(x) for x in runs)
     return ControllerState(
-        torch.zeros(a, d, dtype=dtype),
-        torch.zeros(0, d, dtype=dtype),
-        torch.zeros(0, dtype=torch.long),
-        torch.zeros(0, dtype=dtype),
-        torch.zeros(0, dtype=torch.long),
+        torch.zeros(*r, a, d, dtype=dtype),
+        torch.zeros(*r, 0, d, dtype=dtype),
+        torch.zeros(*r, 0, dtype=torch.long),
+        torch.zeros(*r, 0, dtype=dtype),
+        torch.zeros(*r, 0, dtype=torch.long),
+        torch.zeros(*r, 0, dtype=torch.bool),
     )
 
 
 def controller_fit(
-    features: Float[Tensor, "N D"],
-    actions: Int[Tensor, " N"],
-    gains: Float[Tensor, " N"],
-    weights: Float[Tensor, " N"],
+    features: Float[Tensor, "*R N D"],
+    actions: Int[Tensor, "*R N"],
+    gains: Float[Tensor, "*R N"],
+    weights: Float[Tensor, "*R N"],
     num_actions: int,
     *,
     delta: float = 0.05,
     ridge: float = 1e-4,
     iters: int = 20,
-) -> Float[Tensor, "A D"]:
+) -> Float[Tensor, "*R A D"]:
     r"""Weighted Huber regression per action by iteratively reweighted least squares, batched over actions.
 
     .. math:: \beta_a = \arg\min_\beta \sum_{k: a_k = a}\omega_k\,\mathrm{Huber}_\delta(c_k^\top\beta - \Delta_k)
@@ -186,24 +208,30 @@ def controller_fit(
 
     IRLS: weighted least squares, then ``iters`` rounds reweighting each trace by
     :math:`\min(1, \delta/|e_k|)`. ``ridge`` :math:`\lambda \ge 0` keeps unseen actions at 0.
+    Leading dimensions ``*R`` are independent runs, each with its own fit (a trace of weight 0
+    takes no part).
 
     Returns:
-        ``[A, D]`` coefficients.
+        ``[*R, A, D]`` coefficients.
 
     Raises:
-        ShapeError: ``features`` not a float ``[N, D]``; ``actions`` not an integer ``[N]``; ``gains`` or
-            ``weights`` not a float ``[N]``.
+        ShapeError: ``features`` not a float ``[*R, N, D]``; ``actions`` not an integer ``[*R, N]``; ``gains``
+            or ``weights`` not a float ``[*R, N]``.
         DomainError: ``num_actions < 1``, an action outside ``[0, num_actions)``, a negative weight,
             ``delta <= 0`` or ``ridge < 0``.
     """
-    check_float("features", features, ndim=2)
-    check_tensor("actions", actions, ndim=1)
+    check_float("features", features)
+    if features.ndim < 2:
+        raise ShapeError(f"features: expected a [..., N, D] float tensor, got shape {list(features.shape)}")
+    check_tensor("actions", actions)
     if actions.is_floating_point() or actions.dtype == torch.bool:
         raise ShapeError(f"actions: expected an integer dtype, got {actions.dtype}")
-    if actions.shape[0] != features.shape[0]:
-        raise ShapeError(f"actions: expected shape [{features.shape[0]}] (rows of features), got {list(actions.shape)}")
-    check_float("gains", gains, ndim=1)
-    check_float("weights", weights, ndim=1)
+    if actions.shape != features.shape[:-1]:
+        raise ShapeError(
+            f"actions: expected shape {list(features.shape[:-1])} (rows of features), got {list(actions.shape)}"
+        )
+    check_float("gains", gains)
+    check_float("weights", weights)
     check_same_shape("actions", actions, gains=gains, weights=weights)
     if int(num_actions) < 1:
         raise DomainError(f"num_actions: expected an integer >= 1, got {num_actions!r}")
@@ -213,31 +241,35 @@ def controller_fit(
         raise DomainError("weights: expected non-negative recency weights")
     check_positive("delta", delta)
     check_positive("ridge", ridge, strict=False)
-    a, d = int(num_actions), features.shape[1]
-    y = gains.to(features.dtype)
-    outer = (features.unsqueeze(-1) * features.unsqueeze(-2)).reshape(-1, d * d)  # [N, D*D]
-    fy = features * y.unsqueeze(-1)  # [N, D]
+    a, d, runs = int(num_actions), features.shape[-1], features.shape[:-2]
+    r = math.prod(runs)
+    x = features.reshape(-1, d)  # [R*N, D]: runs flattened, run k's action j is model k*A + j
+    act = (actions.reshape(r, -1) + a * torch.arange(r).unsqueeze(-1)).reshape(-1)
+    y = gains.reshape(-1).to(features.dtype)
+    outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).reshape(-1, d * d)  # [R*N, D*D]
+    fy = x * y.unsqueeze(-1)  # [R*N, D]
     eye = torch.eye(d, dtype=features.dtype) * (ridge + 1e-12)
     robust = torch.ones_like(y)
-    omega = weights.to(features.dtype)
-    coef = torch.zeros(a, d, dtype=features.dtype)
+    omega = weights.reshape(-1).to(features.dtype)
+    coef = torch.zeros(r * a, d, dtype=features.dtype)
     for _ in range(int(iters) + 1):
         w = (omega * robust).unsqueeze(-1)
-        xtwx = torch.zeros(a, d * d, dtype=features.dtype).index_add_(0, actions, w * outer).reshape(a, d, d) + eye
-        xtwy = torch.zeros(a, d, dtype=features.dtype).index_add_(0, actions, w * fy)
-        coef = torch.linalg.solve(xtwx, xtwy.unsqueeze(-1)).squeeze(-1)
-        resid = (features * coef[actions]).sum(-1) - y  # each trace against its own action's model
+        xtwx = torch.zeros(r * a, d * d, dtype=features.dtype).index_add_(0, act, w * outer).reshape(r * a, d, d) + eye
+        xtwy = torch.zeros(r * a, d, dtype=features.dtype).index_add_(0, act, w * fy)
+        coef = torch.linalg.lstsq(xtwx, xtwy.unsqueeze(-1)).solution.squeeze(-1)  # ridge 0: singular is fine
+        resid = (x * coef[act]).sum(-1) - y  # each trace against its own action's model
         robust = (delta / resid.abs().clamp(min=1e-12)).clamp(max=1.0)
-    return coef
+    return coef.reshape(*runs, a, d)
 
 
 def controller_update(
     state: ControllerState,
-    features: Float[Tensor, "M D"],
-    actions: Int[Tensor, " M"],
-    gains: Float[Tensor, " M"],
+    features: Float[Tensor, "*R M D"],
+    actions: Int[Tensor, "*R M"],
+    gains: Float[Tensor, "*R M"],
     step: int,
     *,
+    valid: Bool[Tensor, "*R M"] | None = None,
     window: int = 2000,
     gamma: float = 0.99,
     delta: float = 0.05,
@@ -250,74 +282,124 @@ def controller_update(
         \mathcal L(\phi) = \sum_{k\in\mathcal W_t}\omega_k\,\mathrm{Huber}_\delta\big(f_\phi(c_k, a_k) - \Delta_k\big)
 
     Args:
-        state: current :class:`ControllerState`. features: ``[M, D]``. actions: ``[M]`` in [0, A).
-        gains: ``[M]`` realised gains. step: the traces' step (weights use age ``step - t_k``).
-        window, gamma, delta, ridge, iters: W, :math:`\gamma`, Huber :math:`\delta`, ridge, IRLS rounds.
+        state: current :class:`ControllerState`. features: ``[*R, M, D]``. actions: ``[*R, M]`` in [0, A).
+        gains: ``[*R, M]`` realised gains. step: the traces' step (weights use age ``step - t_k``).
+        valid: optional ``[*R, M]`` boolean, which of the new traces exist (runs may add different numbers).
+        window, gamma, delta, ridge, iters: W (per run: its last W traces), :math:`\gamma`, Huber
+            :math:`\delta`, ridge, IRLS rounds.
 
     Returns:
         The new state (its ``coef`` predicts for step ``step + 1``).
     """
-    check_float("features", features, ndim=2)
-    if features.shape[1] != state.features.shape[1]:
-        raise ShapeError(f"features: expected {state.features.shape[1]} columns, got {features.shape[1]}")
-    m = features.shape[0]
-    if actions.shape != (m,) or gains.shape != (m,):
-        raise ShapeError(f"actions/gains: expected shape [{m}], got {list(actions.shape)} and {list(gains.shape)}")
-    w = int(check_positive("window", window))
-    f = torch.cat([state.features, features.to(state.features.dtype)])[-w:]
-    a = torch.cat([state.actions, actions.long()])[-w:]
-    g = torch.cat([state.gains, gains.to(state.gains.dtype)])[-w:]
-    s = torch.cat([state.steps, torch.full((m,), int(step), dtype=torch.long)])[-w:]
-    if f.shape[0] == 0:
-        return state
-    omega = recency_weights(s, int(step), gamma=gamma).to(f.dtype)
-    coef = controller_fit(f, a, g, omega, state.coef.shape[0], delta=delta, ridge=ridge, iters=iters)
-    return ControllerState(coef, f, a, g, s)
-
-
-def controller_predict(state: ControllerState, features: Float[Tensor, "*S D"]) -> Float[Tensor, "*S A"]:
-    """Predicted gain of every action at every context: ``features @ coef.T``."""
     check_float("features", features)
-    return features.to(state.coef.dtype) @ state.coef.T
+    runs = state.coef.shape[:-2]
+    if features.ndim != len(runs) + 2 or features.shape[:-2] != runs or features.shape[-1] != state.features.shape[-1]:
+        raise ShapeError(
+            f"features: expected shape [{', '.join(map(str, runs))}{', ' if runs else ''}M, "
+            f"{state.features.shape[-1]}], got {list(features.shape)}"
+        )
+    m = features.shape[-2]
+    if actions.shape != features.shape[:-1] or gains.shape != features.shape[:-1]:
+        raise ShapeError(
+            f"actions/gains: expected shape {list(features.shape[:-1])}, got {list(actions.shape)} and {list(gains.shape)}"
+        )
+    new_valid = torch.ones(features.shape[:-1], dtype=torch.bool) if valid is None else valid
+    check_mask("valid", new_valid, tuple(features.shape[:-1]))
+    w = int(check_positive("window", window))
+    old_valid = torch.ones(state.actions.shape, dtype=torch.bool) if state.valid is None else state.valid
+    f = torch.cat([state.features, features.to(state.features.dtype)], dim=-2)
+    a = torch.cat([state.actions, actions.long()], dim=-1)
+    g = torch.cat([state.gains, gains.to(state.gains.dtype)], dim=-1)
+    s = torch.cat([state.steps.expand(*runs, -1), torch.full((*runs, m), int(step), dtype=torch.long)], dim=-1)
+    mask = torch.cat([old_valid, new_valid], dim=-1)
+    if s.shape[-1] == 0:
+        return state
+    if s.shape[-1] > w:  # each run keeps its own last W traces, in order (the length never depends on other runs)
+        idx = torch.sort(mask.to(torch.int8), dim=-1, stable=True).indices[..., -w:]
+        f = f.gather(-2, idx.unsqueeze(-1).expand(*idx.shape, f.shape[-1]))
+        a, g, s, mask = a.gather(-1, idx), g.gather(-1, idx), s.gather(-1, idx), mask.gather(-1, idx)
+    if not runs:
+        s = s.reshape(-1)
+    omega = recency_weights(s, int(step), gamma=gamma, mask=mask).to(f.dtype)
+    coef = controller_fit(f, a, g, omega, state.coef.shape[-2], delta=delta, ridge=ridge, iters=iters)
+    return ControllerState(coef, f, a, g, s, mask)
+
+
+def controller_predict(state: ControllerState, features: Float[Tensor, "*R *S D"]) -> Float[Tensor, "*R *S A"]:
+    """Predicted gain of every action at every context: ``features @ coef.T``, run by run over ``*R``."""
+    check_float("features", features)
+    runs = state.coef.shape[:-2]
+    if features.shape[: len(runs)] != runs:
+        raise ShapeError(f"features: expected leading run shape {list(runs)}, got {list(features.shape)}")
+    flat = features.to(state.coef.dtype).reshape(*runs, -1, features.shape[-1])
+    pred = flat @ state.coef.transpose(-1, -2)
+    return pred.reshape(*features.shape[:-1], state.coef.shape[-2])
 
 
 class InterventionPlan(NamedTuple):
     """Chosen interventions, J rounds per prompt; inactive slots are padding."""
 
     state: Tensor
-    """``[P, J]`` int64 candidate-state index."""
+    """``[*R, P, J]`` int64 candidate-state index."""
     action: Tensor
-    """``[P, J]`` int64 action index."""
+    """``[*R, P, J]`` int64 action index."""
     active: Tensor
-    """``[P, J]`` boolean, the slot is a real intervention."""
+    """``[*R, P, J]`` boolean, the slot is a real intervention."""
     explored: Tensor
-    """``[P, J]`` boolean, the slot was chosen by exploration rather than by the gate."""
+    """``[*R, P, J]`` boolean, the slot was chosen by exploration rather than by the gate."""
+
+
+Generators = torch.Generator | Sequence[torch.Generator]
+"""One generator, or one per run (the leading dimension of the planners' inputs)."""
+
+
+def _uniform(generator: Generators | None, lead: torch.Size) -> Tensor:
+    """``[*lead]`` uniforms in [0, 1); a sequence of generators gives row ``r`` from generator ``r``."""
+    if generator is None:
+        raise DomainError("generator: required for random interventions")
+    if isinstance(generator, torch.Generator):
+        return torch.rand(lead, generator=generator, dtype=torch.float64)
+    gens = tuple(generator)
+    if len(lead) < 2 or len(gens) != lead[0]:
+        raise ShapeError(f"generator: expected one generator per run ({lead[0] if lead else 0}), got {len(gens)}")
+    return torch.stack([torch.rand(lead[1:], generator=g, dtype=torch.float64) for g in gens])
 
 
 def random_interventions(
-    feasible: Bool[Tensor, "P S A"], generator: torch.Generator
-) -> tuple[Int[Tensor, " P"], Int[Tensor, " P"], Bool[Tensor, " P"]]:
-    """One uniformly random feasible (state, action) per prompt; ``active`` False where none is feasible."""
-    check_tensor("feasible", feasible, ndim=3)
-    p, s, a = feasible.shape
-    flat = feasible.reshape(p, s * a).to(torch.float64)
-    any_ok = flat.sum(dim=-1) > 0
-    probs = torch.where(any_ok.unsqueeze(-1), flat, torch.ones_like(flat))
-    pick = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    feasible: Bool[Tensor, "*R P S A"], generator: Generators
+) -> tuple[Int[Tensor, "*R P"], Int[Tensor, "*R P"], Bool[Tensor, "*R P"]]:
+    """One uniformly random feasible (state, action) per prompt; ``active`` False where none is feasible.
+
+    One uniform per prompt, inverted on the feasible pairs in (state, action) order; with leading
+    run dimensions ``*R`` and one generator per run (a sequence), a run's draws depend only on its
+    own generator.
+    """
+    check_tensor("feasible", feasible)
+    if feasible.ndim < 3 or feasible.dtype != torch.bool:
+        raise ShapeError(
+            f"feasible: expected a boolean [..., P, S, A] tensor, got {feasible.dtype} {list(feasible.shape)}"
+        )
+    s, a = feasible.shape[-2:]
+    lead = feasible.shape[:-2]
+    count = feasible.reshape(*lead, s * a).to(torch.long).cumsum(-1)  # feasible pairs up to each position
+    total = count[..., -1]
+    any_ok = total > 0
+    target = (_uniform(generator, lead) * total).floor().to(torch.long).clamp(max=(total - 1).clamp(min=0))
+    pick = (count <= target.unsqueeze(-1)).sum(-1).clamp(max=s * a - 1)  # first position whose count exceeds it
     return pick // a, pick % a, any_ok
 
 
 def plan_interventions(
-    predictions: Float[Tensor, "P S A"],
+    predictions: Float[Tensor, "*R P S A"],
     costs: Float[Tensor, " A"],
-    candidate_valid: Bool[Tensor, "P S"],
+    candidate_valid: Bool[Tensor, "*R P S"],
     *,
-    budget: float | Float[Tensor, " P"],
+    budget: float | Float[Tensor, "*R P"],
     max_per_prompt: int,
     kappa: float = 0.0,
     cost_weight: float = 0.005,
     explore_prob: float = 0.0,
-    generator: torch.Generator | None = None,
+    generator: Generators | None = None,
 ) -> InterventionPlan:
     r"""Live decision rule: per prompt, greedily take the best (state, action) by utility while it passes the gate.
 
@@ -327,17 +409,18 @@ def plan_interventions(
     cost fits the prompt's remaining ``budget``; a state is branched at most once. A prompt whose
     gate closes while budget remains takes a uniformly random feasible intervention with
     probability ``explore_prob`` (bandit exploration; needs ``generator``). Decisions use only the
-    predictions, never the branch rewards. Loops over the J rounds only.
+    predictions, never the branch rewards. Loops over the J rounds only. Leading dimensions ``*R``
+    are independent runs; pass one generator per run to keep their exploration draws apart.
 
     Args:
-        predictions: ``[P, S, A]`` predicted gains. costs: ``[A]`` cost (extra rollouts) per action.
-        candidate_valid: ``[P, S]`` which candidate states exist (unused ones).
-        budget: extra rollouts allowed per prompt, a number or a ``[P]`` tensor of remaining budgets.
+        predictions: ``[*R, P, S, A]`` predicted gains. costs: ``[A]`` cost (extra rollouts) per action.
+        candidate_valid: ``[*R, P, S]`` which candidate states exist (unused ones).
+        budget: extra rollouts allowed per prompt, a number or a ``[*R, P]`` tensor of remaining budgets.
         max_per_prompt: J. kappa: the gate (``inf`` = never intervene). cost_weight: :math:`\lambda`.
-        explore_prob: :math:`\varepsilon \in [0, 1]`. generator: explicit RNG for exploration.
+        explore_prob: :math:`\varepsilon \in [0, 1]`. generator: explicit RNG (or one per run) for exploration.
 
     Returns:
-        :class:`InterventionPlan` with ``[P, J]`` fields.
+        :class:`InterventionPlan` with ``[*R, P, J]`` fields.
 
     Example:
         >>> pred = torch.tensor([[[0.1, 0.3], [0.2, 0.0]]])
@@ -346,9 +429,11 @@ def plan_interventions(
         >>> plan.state.tolist(), plan.action.tolist(), plan.active.tolist()
         ([[0, 0]], [[1, 0]], [[True, False]])
     """
-    check_float("predictions", predictions, ndim=3)
-    p, s, a = predictions.shape
-    check_mask("candidate_valid", candidate_valid, (p, s))
+    check_float("predictions", predictions)
+    if predictions.ndim < 3:
+        raise ShapeError(f"predictions: expected a [..., P, S, A] tensor, got shape {list(predictions.shape)}")
+    lead, (s, a) = predictions.shape[:-2], predictions.shape[-2:]
+    check_mask("candidate_valid", candidate_valid, (*lead, s))
     if costs.shape != (a,):
         raise ShapeError(f"costs: expected shape [{a}], got {list(costs.shape)}")
     if not 0.0 <= explore_prob <= 1.0:
@@ -356,9 +441,10 @@ def plan_interventions(
     if explore_prob > 0 and generator is None:
         raise DomainError("generator: required when explore_prob > 0")
     j_max = int(max_per_prompt)
-    utility = predictions - cost_weight * costs.to(predictions.dtype)
-    remaining = torch.as_tensor(budget, dtype=torch.float64).expand(p).clone()
-    unused = candidate_valid.clone()
+    p = math.prod(lead)
+    utility = (predictions - cost_weight * costs.to(predictions.dtype)).reshape(p, s, a)
+    remaining = torch.as_tensor(budget, dtype=torch.float64).expand(lead).reshape(p).clone()
+    unused = candidate_valid.reshape(p, s).clone()
     out_s = torch.zeros(p, j_max, dtype=torch.long)
     out_a = torch.zeros(p, j_max, dtype=torch.long)
     out_active = torch.zeros(p, j_max, dtype=torch.bool)
@@ -373,15 +459,15 @@ def plan_interventions(
         st, ac = best // a, best % a
         explored = torch.zeros(p, dtype=torch.bool)
         if explore_prob > 0:
-            rs, ra, ok = random_interventions(feasible, generator)  # type: ignore[arg-type]
-            coin = torch.rand(p, generator=generator, dtype=torch.float64) < explore_prob
+            rs, ra, ok = (x.reshape(p) for x in random_interventions(feasible.reshape(*lead, s, a), generator))  # type: ignore[arg-type]
+            coin = _uniform(generator, lead).reshape(p) < explore_prob
             explored = ~take & ok & coin
             st, ac = torch.where(explored, rs, st), torch.where(explored, ra, ac)
         active = take | explored
         out_s[:, j], out_a[:, j], out_active[:, j], out_explored[:, j] = st, ac, active, explored
         remaining = remaining - torch.where(active, costs64[ac], torch.zeros((), dtype=torch.float64))
         unused[rows, st] = unused[rows, st] & ~active
-    return InterventionPlan(out_s, out_a, out_active, out_explored)
+    return InterventionPlan(*(x.reshape(*lead, j_max) for x in (out_s, out_a, out_active, out_explored)))
 
 
 def entropy_heuristic_states(entropy: Float[Tensor, "P S"], candidate_valid: Bool[Tensor, "P S"]) -> Int[Tensor, " P"]:

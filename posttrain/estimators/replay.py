@@ -28,7 +28,7 @@ from torch import Tensor
 from posttrain.errors import ShapeError
 from posttrain.estimators.aggregate import masked_mean
 from posttrain.registry import registry
-from posttrain.validate import check_float, check_mask, check_positive, check_same_shape, check_tensor
+from posttrain.validate import check_choice, check_float, check_mask, check_positive, check_same_shape, check_tensor
 
 __all__ = [
     "REPLAY_RULES",
@@ -335,7 +335,7 @@ def replay_select(
         raise ShapeError(f"k_rep: expected an integer >= 0, got {k_rep!r}")
     check_positive("tau", tau, strict=False)
     check_same_shape("buffer.logp_gen", buffer.logp_gen, logp=logp)
-    rule_order = ReplayOrder(order)
+    rule_order = check_choice("order", order, ReplayOrder)
     drift = policy_drift(logp, buffer.logp_gen, buffer.mask)
     h_now = headroom(logp, buffer.advantages, buffer.mask)
     c = buffer.size

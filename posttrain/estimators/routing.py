@@ -27,7 +27,7 @@ from torch import Tensor
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators.aggregate import masked_mean
 from posttrain.registry import Registry, registry
-from posttrain.validate import check_finite, check_float, check_mask, check_tensor
+from posttrain.validate import check_choice, check_finite, check_float, check_mask, check_tensor
 
 __all__ = [
     "RECIPES",
@@ -134,7 +134,7 @@ def confidence_features(
     """
     check_float("kappa", kappa)
     check_mask("correct", correct, kappa.shape)
-    mode = DeltaMode(delta_mode)
+    mode = check_choice("delta_mode", delta_mode, DeltaMode)
     c = kappa.mean(-1)
     c_pos = masked_mean(kappa, correct, dim=-1)
     c_neg = masked_mean(kappa, ~correct, dim=-1)

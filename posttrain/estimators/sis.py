@@ -1,22 +1,37 @@
-"""Selective importance sampling (SIS): a token-level rejection test against the behaviour policy.
+r"""Selective importance sampling (SIS): a token-level rejection test against the behaviour policy.
 
-Each stored token :math:`y_t \\sim \\mu` is accepted with probability
-:math:`a_t = \\mathbb 1[y_t\\in\\mathrm{topK}_\\mu]\\min(1, \\rho_t/M_t)`; accepted tokens are treated as
+Each stored token :math:`y_t \sim \mu` is accepted with probability :math:`a_t = \min(1, \rho_t/M_t)`,
+:math:`M_t` the largest ratio over the behaviour's top-K tokens; accepted tokens are treated as
 on-policy (weight 1, no clipping), rejected ones keep the usual clipped importance ratio.
 
-SIS enters any PPO-family loss through one function: :func:`sis_logp_old` returns *effective*
-behaviour log-probs, equal to ``logp.detach()`` on accepted tokens and ``logp_old`` elsewhere, so
-``loss(logp, sis_logp_old(...), ...)`` sees the ratio :math:`e^{\\ell - \\mathrm{sg}(\\ell)}` (value 1,
-gradient :math:`\\nabla\\ell`) on accepted tokens. :func:`sis_loss` is that composition with the PPO
-clip (the paper's GRPO + SIS); ``gspo_loss(logp, sis_logp_old(...), ...)`` is GSPO + SIS.
+SIS enters a PPO-family loss through :func:`sis_logp_old`, which returns *effective* behaviour
+log-probs, equal to ``logp.detach()`` on accepted tokens and ``logp_old`` elsewhere, so
+``loss(logp, sis_logp_old(...), ...)`` sees the ratio :math:`e^{\ell - \mathrm{sg}(\ell)}` (value 1,
+gradient :math:`\nabla\ell`) on accepted tokens. :func:`sis_loss` is that composition with the PPO
+clip (GRPO + SIS); :func:`sis_gspo_loss` is GSPO + SIS, whose sequence ratio is taken over the
+rejected tokens only (a different composition, see there).
+
+Released form and earlier reconstruction. The authors' released code (a verl fork,
+``offpolicy2onpolicy``) fixes three details that an earlier reconstruction from the paper's text
+had differently; the released form is the default here:
+
+1. acceptance has no top-K membership rule: a sampled token outside the behaviour top-K is
+   accepted with probability :math:`\min(1, \rho/M)` like any other (the reconstruction always
+   rejected it; that variant stays available by passing ``in_topk``), and a token whose
+   log-ratio is exactly 0 is always accepted;
+2. GSPO + SIS averages the log-ratios over the *rejected* tokens only and gives accepted tokens
+   ratio 1 with no clip (the reconstruction, ``gspo_loss(logp, sis_logp_old(...))``, averaged over
+   all tokens and clipped every token);
+3. the divergence metrics are per-sequence means, with the rejected tokens' :math:`|\log\rho|`
+   clipped to the PPO range (the reconstruction used unclipped sums).
 
 Reference: Li et al. 2026, "Turning Off-Policy Tokens On-Policy: A Plug-in Approach for Improving
-LLM Alignment", arXiv:2607.04728. The plug-in forms inside GRPO/GSPO and the D diagnostics are
-*reconstructed* (spec 16, section 3.3-3.4).
+LLM Alignment", arXiv:2607.04728; the released code (github.com/liyu199809/SIS).
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -24,9 +39,18 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import ShapeError
+from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
-from posttrain.estimators.aggregate import _zero_off_mask
-from posttrain.estimators.losses import ClipDiagnostics, _check_policy_inputs, clipped_ratio_loss
+from posttrain.estimators.aggregate import _zero_off_mask, masked_mean
+from posttrain.estimators.losses import (
+    GSPO_LOG_RATIO_MAX,
+    ClipDiagnostics,
+    _check_clip,
+    _check_policy_inputs,
+    _masked_with_diagnostics,
+    clipped_ratio_loss,
+    ppo_clip_objective,
+)
 from posttrain.estimators.ratios import log_ratio
 from posttrain.validate import check_float, check_mask, check_positive, check_same_shape, check_tensor
 
@@ -36,6 +60,7 @@ __all__ = [
     "sis_accept",
     "sis_acceptance_prob",
     "sis_divergence",
+    "sis_gspo_loss",
     "sis_logp_old",
     "sis_loss",
     "sis_rejection_test",
@@ -52,9 +77,9 @@ class SISDiagnostics(NamedTuple):
     accept_rate: Tensor
     """0-d: :math:`\\sum m\\,\\mathrm{acc} / \\sum m`."""
     d_orig: Tensor | None
-    """``[B]``: :math:`\\sum_t m_t|\\log\\rho_t|` (cumulative absolute log-ratio)."""
+    """``[B]``: per-sequence mean absolute log-ratio (rejected tokens' clipped), see :func:`sis_divergence`."""
     d_sis: Tensor | None
-    """``[B]``: :math:`\\sum_t m_t(1-\\mathrm{acc}_t)|\\log\\rho_t|`; never above ``d_orig``."""
+    """``[B]``: the same over the rejected tokens only; never above ``d_orig``."""
     clip: ClipDiagnostics
     """Clip diagnostics of the underlying PPO-clip loss (accepted tokens are never clipped)."""
 
@@ -80,26 +105,30 @@ def sis_acceptance_prob(
     logp_old: Float[Tensor, "B T"],
     cur_topk_logp: Float[Tensor, "B T K"],
     old_topk_logp: Float[Tensor, "B T K"],
-    in_topk: Bool[Tensor, "B T"],
+    in_topk: Bool[Tensor, "B T"] | None = None,
 ) -> Float[Tensor, "B T"]:
-    r"""SIS acceptance probability :math:`a = I\cdot\min(1, \rho/M)`, computed in log space, no gradient.
+    r"""SIS acceptance probability :math:`a = \min(1, \rho/M)`, computed in log space, no gradient.
 
     .. math::
         \log\rho_{bt} = \ell_{bt} - \ell^{old}_{bt},\qquad
         \log M_{bt} = \max_{k\le K}\big(\ell^{cur}_{btk} - \ell^{old}_{btk}\big),\qquad
-        a_{bt} = I_{bt}\,\exp\big(\min(0, \log\rho_{bt} - \log M_{bt})\big)
+        a_{bt} = \exp\big(\min(0, \log\rho_{bt} - \log M_{bt})\big)
 
-    With K = V (all tokens) this is exact rejection sampling: accepted proposals are distributed as
-    :math:`\pi_\theta(\cdot|s_t)`. With K < V, M may be below 1 and tokens outside the top-K are
-    always rejected (``in_topk`` False). A support column at :math:`-\infty` under both policies makes
-    :math:`\log M` undefined; such tokens get :math:`a = 0` (rejected), never NaN.
+    and :math:`a = 1` where :math:`\log\rho = 0` exactly (the released test accepts those whatever
+    M is). With K = V (all tokens) this is exact rejection sampling: accepted proposals are
+    distributed as :math:`\pi_\theta(\cdot|s_t)`. With K < V, M may be below 1.
+
+    Passing ``in_topk`` selects the earlier reconstruction instead: :math:`a = I\cdot\min(1, \rho/M)`
+    (a token outside the top-K is always rejected, no exact-zero rule). A support column at
+    :math:`-\infty` under both policies makes :math:`\log M` undefined; such tokens get
+    :math:`a = 0` (rejected), never NaN.
 
     Args:
         logp: ``[B, T]`` current-policy log-probs of the stored tokens (gradient ignored).
         logp_old: ``[B, T]`` behaviour log-probs :math:`\log\mu` of the stored tokens.
         cur_topk_logp: ``[B, T, K]`` current log-probs at the behaviour's top-K indices.
         old_topk_logp: ``[B, T, K]`` behaviour log-probs at those indices.
-        in_topk: ``[B, T]`` boolean, whether the stored token is among the top-K (:func:`token_in_topk`).
+        in_topk: optional ``[B, T]`` boolean (:func:`token_in_topk`): the top-K membership variant.
 
     Returns:
         ``[B, T]`` acceptance probabilities in [0, 1] (detached).
@@ -111,28 +140,33 @@ def sis_acceptance_prob(
         >>> lp = torch.log(torch.tensor([[0.5, 0.2]])); lo = torch.log(torch.tensor([[0.25, 0.4]]))
         >>> cur = torch.log(torch.tensor([[[0.5, 0.3], [0.2, 0.8]]]))
         >>> old = torch.log(torch.tensor([[[0.25, 0.75], [0.4, 0.6]]]))
-        >>> [round(x, 4) for x in sis_acceptance_prob(lp, lo, cur, old, torch.tensor([[True, True]]))[0].tolist()]
+        >>> [round(x, 4) for x in sis_acceptance_prob(lp, lo, cur, old)[0].tolist()]
         [1.0, 0.375]
     """
     with torch.no_grad():
         a = _capped_ratio_over_envelope(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk)
         a.nan_to_num_(nan=0.0)  # a support column at -inf under both policies: rejected, as sis_rejection_test does
-        return torch.where(in_topk, a, torch.zeros((), dtype=a.dtype, device=a.device))
+        if in_topk is not None:
+            return torch.where(in_topk, a, torch.zeros((), dtype=a.dtype, device=a.device))
+        return torch.where(logp.detach() == logp_old, torch.ones((), dtype=a.dtype, device=a.device), a)
 
 
 def _capped_ratio_over_envelope(
-    logp: Tensor, logp_old: Tensor, cur_topk_logp: Tensor, old_topk_logp: Tensor, in_topk: Tensor
+    logp: Tensor, logp_old: Tensor, cur_topk_logp: Tensor, old_topk_logp: Tensor, in_topk: Tensor | None
 ) -> Tensor:
     r"""Validate the rejection test's inputs; return :math:`\exp(\min(0, \log\rho - \log M))` (0 for K = 0)."""
     check_float("logp", logp, ndim=2)
+    check_float("logp_old", logp_old)
     check_same_shape("logp", logp, logp_old=logp_old)
     check_float("cur_topk_logp", cur_topk_logp, ndim=3)
+    check_float("old_topk_logp", old_topk_logp)
     check_same_shape("cur_topk_logp", cur_topk_logp, old_topk_logp=old_topk_logp)
     if cur_topk_logp.shape[:2] != logp.shape:
         raise ShapeError(
             f"cur_topk_logp: expected shape [{logp.shape[0]}, {logp.shape[1]}, K], got {list(cur_topk_logp.shape)}"
         )
-    check_mask("in_topk", in_topk, logp.shape)
+    if in_topk is not None:
+        check_mask("in_topk", in_topk, logp.shape)
     lr = logp.detach() - logp_old
     if cur_topk_logp.shape[-1] == 0:
         return torch.zeros_like(lr)
@@ -146,18 +180,20 @@ def sis_rejection_test(
     logp_old: Float[Tensor, "B T"],
     cur_topk_logp: Float[Tensor, "B T K"],
     old_topk_logp: Float[Tensor, "B T K"],
-    in_topk: Bool[Tensor, "B T"],
+    in_topk: Bool[Tensor, "B T"] | None,
     u: Float[Tensor, "B T"],
 ) -> Bool[Tensor, "B T"]:
-    r"""The whole rejection test in one pass: :math:`\mathrm{acc} = I \wedge \big(u < e^{\min(0, \log\rho - \log M)}\big)`.
+    r"""The whole rejection test in one pass: :math:`\mathrm{acc} = \big(u < e^{\min(0, \log\rho - \log M)}\big)
+    \vee (\log\rho = 0)` (released form, ``in_topk=None``).
 
     Identical to ``sis_accept(sis_acceptance_prob(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk), u)``
-    for ``u`` in [0, 1) (same arithmetic for :math:`a`; the top-K indicator is applied to the boolean
-    outcome instead of zeroing :math:`a`, which saves a float ``[B, T]`` select). Use it when only the
-    outcome is needed (the trainer hook); no gradient.
+    for ``u`` in [0, 1) (same arithmetic for :math:`a`); with ``in_topk`` given, the earlier
+    top-K variant :math:`I \wedge (u < a)`. Use it when only the outcome is needed (the trainer
+    hook); no gradient.
 
     Args:
-        logp, logp_old, cur_topk_logp, old_topk_logp, in_topk: as :func:`sis_acceptance_prob`.
+        logp, logp_old, cur_topk_logp, old_topk_logp, in_topk: as :func:`sis_acceptance_prob`
+            (``in_topk`` positional: ``None`` for the released test).
         u: ``[B, T]`` i.i.d. Uniform(0, 1) draws (see :func:`sis_accept`).
 
     Returns:
@@ -167,14 +203,16 @@ def sis_rejection_test(
         >>> lp = torch.log(torch.tensor([[0.5, 0.2]])); lo = torch.log(torch.tensor([[0.25, 0.4]]))
         >>> cur = torch.log(torch.tensor([[[0.5, 0.3], [0.2, 0.8]]]))
         >>> old = torch.log(torch.tensor([[[0.25, 0.75], [0.4, 0.6]]]))
-        >>> sis_rejection_test(lp, lo, cur, old, torch.tensor([[True, True]]), torch.tensor([[0.9, 0.4]])).tolist()
+        >>> sis_rejection_test(lp, lo, cur, old, None, torch.tensor([[0.9, 0.4]])).tolist()
         [[True, False]]
     """
     with torch.no_grad():
         a = _capped_ratio_over_envelope(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk)
         check_float("u", u)
         check_same_shape("logp", logp, u=u)
-        return (u < a).logical_and_(in_topk)
+        if in_topk is not None:
+            return (u < a).logical_and_(in_topk)
+        return (u < a).logical_or_(logp.detach() == logp_old)
 
 
 def sis_accept(accept_prob: Float[Tensor, "B T"], u: Float[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
@@ -212,6 +250,7 @@ def sis_logp_old(
         [[-1.0, -1.0]]
     """
     check_float("logp", logp, ndim=2)
+    check_float("logp_old", logp_old)
     check_same_shape("logp", logp, logp_old=logp_old)
     check_mask("accepted", accepted, logp.shape)
     return torch.where(accepted, logp.detach(), logp_old)
@@ -222,28 +261,42 @@ def sis_divergence(
     logp_old: Float[Tensor, "B T"],
     accepted: Bool[Tensor, "B T"],
     mask: Bool[Tensor, "B T"],
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
 ) -> tuple[Float[Tensor, " B"], Float[Tensor, " B"]]:
-    r"""Cumulative absolute log-ratios ``(D_orig, D_sis)`` per sequence (*reconstructed*), no gradient.
+    r"""Per-sequence divergences ``(D_orig, D_sis)`` in the released form, no gradient.
 
     .. math::
-        D^{orig}_b = \sum_t m_{bt}|\log\rho_{bt}|,\qquad
-        D^{sis}_b = \sum_t m_{bt}(1-\mathrm{acc}_{bt})|\log\rho_{bt}|
+        c_{bt} = \big|\mathrm{clip}(\log\rho_{bt}, \log(1-\epsilon_{low}), \log(1+\epsilon_{high}))\big|,\qquad
+        D^{orig}_b = \frac{1}{L_b}\sum_t m_{bt}\big(\mathrm{acc}_{bt}|\log\rho_{bt}| + (1-\mathrm{acc}_{bt})c_{bt}\big),\qquad
+        D^{sis}_b = \frac{1}{L_b}\sum_t m_{bt}(1-\mathrm{acc}_{bt})c_{bt}
 
-    They bound the gap between token-level and sequence-level weights:
-    :math:`|\prod_t\tilde\rho_t - 1| \le e^{D^{sis}} - 1 \le e^{D^{orig}} - 1`.
+    with :math:`L_b = \max(1, \sum_t m_{bt})`: the mean absolute log-ratio a sequence's update
+    sees (rejected tokens' ratios are clipped by PPO, accepted ones count in full without SIS and
+    as 0 with it). The released trainer logs their batch means. :math:`D^{sis} \le D^{orig}`.
+    The earlier reconstruction used unclipped sums :math:`\sum_t m|\log\rho|` (and the same with
+    :math:`1-\mathrm{acc}`), the quantity in the bound :math:`|\prod_t\tilde\rho_t - 1| \le e^{D} - 1`.
+
+    Args:
+        logp, logp_old: ``[B, T]``. accepted, mask: ``[B, T]`` boolean.
+        clip_low, clip_high: the PPO range of the rejected tokens (:math:`\epsilon_{low} \ge 1`: no lower clip).
 
     Example:
         >>> d = sis_divergence(torch.tensor([[0.1, -0.3]]), torch.zeros(1, 2),
         ...                    torch.tensor([[True, False]]), torch.ones(1, 2, dtype=torch.bool))
         >>> [round(float(x), 4) for x in (d[0][0], d[1][0])]
-        [0.4, 0.3]
+        [0.1616, 0.1116]
     """
     check_mask("mask", mask, logp.shape)
     check_mask("accepted", accepted, logp.shape)
-    with torch.no_grad():  # one [B, T] temporary, edited in place
-        abs_lr = _zero_off_mask(log_ratio(logp.detach(), logp_old).abs_(), mask, inplace=True)
-        d_orig = abs_lr.sum(dim=-1)
-        d_sis = abs_lr.mul_((~accepted).view(torch.uint8)).sum(dim=-1)
+    lo = math.log(1.0 - clip_low) if clip_low < 1.0 else -math.inf
+    hi = math.log1p(check_positive("clip_high", clip_high))
+    with torch.no_grad():
+        lr = _zero_off_mask(log_ratio(logp.detach(), logp_old), mask)
+        length = mask.sum(-1).clamp(min=1).to(lr.dtype)
+        d_sis = (lr.clamp(min=lo, max=hi).abs() * (mask & ~accepted)).sum(-1) / length
+        d_orig = d_sis + (lr.abs() * (mask & accepted)).sum(-1) / length
     return d_orig, d_sis
 
 
@@ -294,6 +347,7 @@ def sis_loss(
         >>> loss[0].tolist(), float(d.accept_rate)
         ([-1.0, -1.2000000476837158], 0.5)
     """
+    check_float("logp", logp, ndim=2)  # before accepted, so a bad logp is reported as such
     check_mask("accepted", accepted, logp.shape)
     loss, clip = clipped_ratio_loss(
         logp,
@@ -305,16 +359,101 @@ def sis_loss(
         dual_clip=dual_clip,
         on_policy=accepted,
     )
+    return loss, _diagnostics(
+        logp, logp_old, accepted, mask, clip, divergence=divergence, clip_range=(clip_low, clip_high)
+    )
+
+
+def _diagnostics(
+    logp: Tensor,
+    logp_old: Tensor,
+    accepted: Tensor,
+    mask: Tensor,
+    clip: ClipDiagnostics,
+    *,
+    divergence: bool,
+    clip_range: tuple[float, float],
+) -> SISDiagnostics:
+    """Accept rate over the mask and, when asked, :func:`sis_divergence` at ``clip_range`` (no gradient)."""
     with torch.no_grad():
-        rate = (accepted & mask).count_nonzero().to(loss.dtype) / mask.count_nonzero().clamp(min=1).to(loss.dtype)
-        d_orig, d_sis = sis_divergence(logp, logp_old, accepted, mask) if divergence else (None, None)
-    return loss, SISDiagnostics(rate, d_orig, d_sis, clip)
+        dt = clip.clip_frac.dtype
+        rate = (accepted & mask).count_nonzero().to(dt) / mask.count_nonzero().clamp(min=1).to(dt)
+        lo, hi = clip_range
+        d = sis_divergence(logp, logp_old, accepted, mask, clip_low=lo, clip_high=hi) if divergence else (None, None)
+    return SISDiagnostics(rate, d[0], d[1], clip)
+
+
+@register_policy_loss("sis_gspo", paper=PAPER)
+@computes_in_float32
+def sis_gspo_loss(
+    logp: Float[Tensor, "B T"],
+    logp_old: Float[Tensor, "B T"],
+    advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
+    mask: Bool[Tensor, "B T"],
+    accepted: Bool[Tensor, "B T"],
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    divergence: bool = True,
+) -> tuple[Float[Tensor, "B T"], SISDiagnostics]:
+    r"""GSPO + SIS as released: the sequence ratio over the rejected tokens; accepted tokens ratio 1, unclipped.
+
+    .. math::
+        \log s^{rej}_b = \frac{\sum_t m_{bt}(1-\mathrm{acc}_{bt})\log\rho_{bt}}{\max(1, \sum_t m_{bt}(1-\mathrm{acc}_{bt}))},\qquad
+        s_{bt} = \exp\big(\min(10, \mathrm{sg}(\log s^{rej}_b) + \ell_{bt} - \mathrm{sg}(\ell_{bt}))\big)
+
+    .. math::
+        \ell_{bt} = \mathrm{acc}_{bt}\big(-A_b e^{\ell_{bt} - \mathrm{sg}(\ell_{bt})}\big)
+        + (1-\mathrm{acc}_{bt})\max\big(-A_b s_{bt},\,-A_b\,\mathrm{clip}(s_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+
+    Aggregate with ``seq-mean-token-mean`` (as GSPO). With ``accepted`` all False this is exactly
+    :func:`~posttrain.estimators.gspo_loss`; with ``accepted`` all True it is on-policy GRPO with
+    sequence-mean aggregation. The earlier reconstruction, ``gspo_loss(logp, sis_logp_old(...))``,
+    averaged the log-ratios over all tokens (accepted ones contributing 0) and clipped every token,
+    so an accepted token lost its gradient whenever its sequence's ratio left the clip range.
+
+    Args:
+        logp: ``[B, T]`` current-policy log-probs (gradient). logp_old: ``[B, T]`` behaviour log-probs.
+        advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]`` boolean response mask.
+        accepted: ``[B, T]`` boolean outcome of the rejection test.
+        clip_low, clip_high: GSPO's clip range (the paper's 3e-4 / 4e-4) on the rejected tokens.
+        divergence: also compute ``d_orig``/``d_sis`` (:func:`sis_divergence` at the released
+            trainer's PPO range 0.2 / 0.2).
+
+    Returns:
+        ``(loss [B, T], SISDiagnostics)``; masked positions are 0.
+
+    References:
+        Li et al. 2026 (arXiv:2607.04728) and its released code; Zheng et al. 2025, GSPO (arXiv:2507.18071).
+
+    Example:
+        >>> lp = torch.log(torch.tensor([[2.0, 1.0, 1.5]])); m = torch.ones(1, 3, dtype=torch.bool)
+        >>> loss, d = sis_gspo_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), m, torch.tensor([[True, False, False]]))
+        >>> [round(x, 4) for x in loss[0].tolist()]
+        [-1.0, -1.0004, -1.0004]
+    """
+    _check_clip(clip_low, clip_high, None)
+    check_float("logp", logp, ndim=2)  # before accepted, so a bad logp is reported as such
+    check_mask("accepted", accepted, logp.shape)
+    adv = _check_policy_inputs(logp, logp_old, advantages, mask)
+    logp_v = zero_off_mask(logp, mask)  # off-mask NaN/inf reach neither value nor gradient
+    rejected = mask & ~accepted
+    lr = log_ratio(logp, logp_old)
+    seq_lr = masked_mean(_zero_off_mask(lr.detach(), mask), rejected, dim=-1)  # [B], over rejected tokens only
+    own = logp_v - logp_v.detach()  # value 0, gradient of log pi
+    token_lr = torch.where(accepted, own, (seq_lr.unsqueeze(-1) + own).clamp(max=GSPO_LOG_RATIO_MAX))
+    ratio = torch.exp(token_lr)
+    clipped_loss, clipped, dual = ppo_clip_objective(ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=None)
+    loss = torch.where(accepted, -adv * ratio, clipped_loss)
+    loss, clip = _masked_with_diagnostics(loss, clipped & ~accepted, dual, lr, ratio, mask)
+    return loss, _diagnostics(logp, logp_old, accepted, mask, clip, divergence=divergence, clip_range=(0.2, 0.2))
 
 
 def _token_policy_loss(weight: Tensor, logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     """:math:`-A w e^{\\ell - \\mathrm{sg}(\\ell)}`: value :math:`-Aw`, gradient :math:`-Aw\\nabla\\ell`; 0 off mask."""
-    loss = -adv * weight.detach() * torch.exp(logp - logp.detach())
-    return torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    lp = _zero_off_mask(logp, mask)  # masked -inf/NaN would give NaN in exp's gradient (0 * NaN)
+    loss = -(_zero_off_mask(adv, mask) * _zero_off_mask(weight.detach(), mask)) * torch.exp(lp - lp.detach())
+    return _zero_off_mask(loss, mask)
 
 
 @register_policy_loss("truncated_is", paper="Ionides 2008, truncated importance sampling; Yao et al. 2025 (TIS)")

@@ -20,54 +20,70 @@ console = Console()
 
 
 def _load_or_exit(config: Path, overrides: list[str]) -> Any:
-    """The validated run config, or a red ``config error`` and exit code 2."""
-    from posttrain.errors import PosttrainError
+    """The validated run config; a bad one raises ``DomainError``, which the ``posttrain`` command turns into one
+    red line and exit code 2 (``posttrain --debug`` shows the traceback)."""
     from posttrain.llm.config import load_config
 
-    try:
-        return load_config(config, overrides)
-    except PosttrainError as exc:
-        console.print(f"[red]config error:[/red] {exc}")
-        raise typer.Exit(2) from None
+    return load_config(config, overrides)
 
 
 def train_command(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Run config (YAML)."),
     overrides: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value (repeatable)."),
     out: Path = typer.Option(None, "--out", help="Run directory (default: runs/<config name>)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the latest complete checkpoint in --out."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in --out from its newest intact checkpoint (same config but "
+        "optim.steps, checkpoint.*, logging.progress/tensorboard/wandb_project).",
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out (its files are removed)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
-    """Train a causal LM with an RL method from a YAML config; writes metrics.jsonl and checkpoints."""
+    """Train a causal LM with an RL method from a YAML config; writes metrics.jsonl and checkpoints.
+
+    --out must be a new directory unless --resume or --overwrite is given.
+    """
     cfg = _load_or_exit(config, overrides)
     from posttrain.llm.run import train
 
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
-    history = train(cfg, run_dir, resume=resume, progress=False if quiet else None)
+    history = train(cfg, run_dir, resume=resume, overwrite=overwrite, progress=False if quiet else None)
     if history:
         first, last = history[0], history[-1]
         console.print(
-            f"steps {first['step']}..{last['step']}: reward_mean {first['reward_mean']:.3f} -> {last['reward_mean']:.3f}; "
-            f"run directory {run_dir}"
+            f"steps {first['step']}..{last['step']}: reward_mean {_fmt(first['reward_mean'])} -> "
+            f"{_fmt(last['reward_mean'])}; run directory {run_dir}"
         )
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def es_command(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Run config (YAML) with an `es:` section."),
     overrides: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value (repeatable)."),
     out: Path = typer.Option(None, "--out", help="Run directory (default: runs/<config name>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out (its files are removed)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
 ) -> None:
     """Evolution-strategies fine-tuning in place (optionally after the config's RL steps: es.after_rl=true).
 
-    Writes es_metrics.jsonl (one row per ES step) and the final model to OUT/es.
+    Writes es_metrics.jsonl (one row per ES step) and the final model to OUT/es; a progress bar shows the
+    population's mean reward. examples/es_tiny_cpu.yaml is sized for a CPU (the paper's population 32 x
+    500 steps, the defaults, take hours there).
     """
     cfg = _load_or_exit(config, overrides)
-    from posttrain.llm.run import es_from_config
 
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
-    rl_logs, es_logs = es_from_config(cfg, run_dir)
+    console.print(
+        f"ES: {cfg.es.steps} steps x population {cfg.es.population} x "
+        f"{cfg.es.prompts_per_step or cfg.data.prompts_per_step} prompts (greedy generations), model from {run_dir}"
+    )
+    rl_logs, es_logs = _es_with_progress(cfg, run_dir, overwrite=overwrite, show=not quiet)
     if rl_logs:
         console.print(f"RL: {len(rl_logs)} steps, reward_mean {rl_logs[-1]['reward_mean']:.3f}")
     if es_logs:
@@ -77,6 +93,31 @@ def es_command(
         )
 
 
+def _es_with_progress(cfg: Any, run_dir: Path, *, overwrite: bool, show: bool) -> Any:
+    """:func:`~posttrain.llm.es.trainer.es_from_config` with a rich progress bar over the ES steps."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from posttrain.llm.run import es_from_config
+
+    if not show:
+        return es_from_config(cfg, run_dir, overwrite=overwrite)
+    with Progress(
+        TextColumn("[bold]es"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
+        console=console,
+    ) as bar:  # fmt: skip
+        job = bar.add_task("es", total=cfg.es.steps, info="building the model (and the SFT warm-up, if any)")
+
+        def on_step(log: Any) -> None:
+            info = f"reward {log.reward_mean:.3f} +- {log.reward_std:.3f}" + (
+                "  (no-op: all equal)" if log.noop else ""
+            )
+            bar.update(job, completed=log.step + 1, info=info)
+
+        result = es_from_config(cfg, run_dir, on_step=on_step, overwrite=overwrite)
+    console.print(f"es {len(result[1])}/{cfg.es.steps} steps done")
+    return result
+
+
 def _quiet_transformers() -> None:
     """No per-load progress bars from transformers (they interleave with ours and with --json)."""
     from transformers.utils import logging
@@ -84,20 +125,31 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
+def _run_of(model_dir: Path) -> Path | None:
+    """The run directory above a model directory (``RUN/initial``, ``RUN/checkpoints/step_N/model``, ``RUN/es``):
+    the nearest of its parents, up to three levels, with a ``config.yaml``."""
+    for parent in list(model_dir.absolute().parents)[:3]:
+        if (parent / "config.yaml").is_file():
+            return parent
+    return None
+
+
 def resolve_checkpoint(path: Path) -> tuple[Path, Path | None]:
-    """``(model_dir, run_dir)`` for a run directory, a checkpoint directory, or a model directory."""
-    from posttrain.llm.train.checkpoint import latest_checkpoint
+    """``(model_dir, run_dir)`` for a run directory (its newest intact checkpoint), a checkpoint directory, or a
+    model directory (``run_dir``: the run around it, or None)."""
+    from posttrain.errors import DomainError
+    from posttrain.llm.train.checkpoint import intact_checkpoint
 
     if (path / "checkpoints").is_dir():
-        ckpt = latest_checkpoint(path / "checkpoints")
+        ckpt = intact_checkpoint(path / "checkpoints")
         if ckpt is None:
-            raise typer.BadParameter(f"{path} has no complete checkpoint")
+            raise DomainError(f"CHECKPOINT: {path} has no complete, intact checkpoint")
         return ckpt / "model", path
     if (path / "model" / "config.json").is_file():
-        return path / "model", path.parent.parent
+        return path / "model", _run_of(path / "model")
     if (path / "config.json").is_file():
-        return path, None
-    raise typer.BadParameter(f"{path} is not a run directory, a checkpoint or a model directory")
+        return path, _run_of(path)
+    raise DomainError(f"CHECKPOINT: {path} is not a run directory, a checkpoint or a model directory")
 
 
 def eval_command(
@@ -109,6 +161,7 @@ def eval_command(
     json_out: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
 ) -> None:
     """Evaluate a checkpoint: unbiased pass@k / mean@k, greedy accuracy, response length, entropy."""
+    from posttrain.errors import DomainError
     from posttrain.llm.config import load_config
     from posttrain.llm.rollout.tasks import make_task
     from posttrain.llm.run import load_model
@@ -117,11 +170,13 @@ def eval_command(
     try:
         ks = sorted({int(x) for x in k.split(",") if x.strip()})
     except ValueError:
-        raise typer.BadParameter(f"--k: expected comma-separated integers, got {k!r}") from None
+        raise DomainError(f"--k: expected comma-separated integers, got {k!r}") from None
     _quiet_transformers()
     model_dir, run_dir = resolve_checkpoint(checkpoint)
     cfg_path = config or (run_dir / "config.yaml" if run_dir is not None else None)
-    cfg = load_config(cfg_path if cfg_path is not None and cfg_path.is_file() else None)
+    if cfg_path is None:  # the task would silently be the default one
+        raise DomainError(f"--config: {checkpoint} is not inside a run directory (no config.yaml); pass --config")
+    cfg = load_config(cfg_path)
     model, tokenizer = load_model(model_dir, cfg)
     metrics: dict[str, Any] = evaluate(
         model,

@@ -1,18 +1,24 @@
 """Run configuration: a few frozen dataclasses loaded from YAML with ``yaml.safe_load``.
 
 Unknown keys and unknown names (method, advantage, loss, KL, aggregation, task, engine,
-optimizer, scheduler) fail at load with the list of valid ones. ``--set section.key=value``
-overrides are applied to the raw mapping before validation; values are parsed as YAML scalars
-(``--set optim.lr=1e-4``, ``--set algorithm.kl=null``).
+optimizer, scheduler, ``logging.eval_metric``) fail at load with the list of valid ones. Every option
+mapping is checked at load against what it configures (:data:`OPTION_TARGETS`: the task's fields, the
+loss's and advantage's keyword parameters, the optimizer's constructor, the tiny model's fields), names
+and the types of their annotated scalars, before anything is built. Numbers must be finite (NaN and
+inf are refused everywhere). ``--set section.key=value`` overrides are applied to the raw mapping
+before validation; values are parsed as YAML scalars (``--set optim.lr=1e-4``, ``--set algorithm.kl=null``).
+A YAML syntax error names the file, line and column.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
+import math
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,12 +30,15 @@ from posttrain.estimators import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, Aggre
 from posttrain.estimators.es import REWARD_SHAPINGS
 from posttrain.estimators.replay import REPLAY_RULES
 from posttrain.llm.methods.catalog import METHODS
+from posttrain.llm.policy import LoraConfig
 from posttrain.llm.rollout.branching import BranchingConfig
 from posttrain.llm.rollout.engine import SamplingConfig
 from posttrain.llm.rollout.replay import ReplayConfig
-from posttrain.llm.rollout.tasks import TASKS
+from posttrain.llm.rollout.reward_fn import load_reward_function
+from posttrain.llm.rollout.tasks import TASKS, make_task
 
 __all__ = [
+    "OPTION_TARGETS",
     "AlgorithmConfig",
     "CheckpointConfig",
     "DataConfig",
@@ -40,12 +49,15 @@ __all__ = [
     "OptimConfig",
     "RolloutConfig",
     "RunConfig",
+    "algorithm_of",
     "apply_overrides",
+    "check_options",
     "config_from_dict",
     "config_to_dict",
     "from_mapping",
     "load_config",
     "parse_scalar",
+    "read_yaml",
 ]
 
 ENGINES = ("hf", "vllm")
@@ -72,6 +84,10 @@ class ModelConfig:
     chat_template: bool = False
     system_prompt: str | None = None
     """The system turn of chat-template prompts (null: the template's default, if any)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass (less memory, one more forward)."""
+    lora: LoraConfig | None = None
+    """LoRA adapters through peft (:class:`~posttrain.llm.policy.LoraConfig`); null: full fine-tuning."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,8 @@ class DataConfig:
 
     task: str = "multiple"
     options: dict[str, Any] = field(default_factory=dict)
+    reward: str | None = None
+    """A reward function ``"module:function"`` with TRL's signature (replaces the task's own scoring)."""
     prompts_per_step: int = 16
     eval_prompts: int = 64
     sft_steps: int = 0
@@ -242,6 +260,8 @@ def parse_scalar(where: str, value: Any, tp: Any) -> Any:
         with contextlib.suppress(ValueError):
             value = float(value)
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise DomainError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -269,6 +289,158 @@ def from_mapping(cls: type[T], raw: Mapping[str, Any], where: str) -> T:
         section = _dataclass_of(tp) if value is not None else None  # a section, or an optional one that is set
         kwargs[name] = from_mapping(section, value, key) if section is not None else parse_scalar(key, value, tp)
     return cls(**kwargs)
+
+
+_SCALARS = (int, float, bool, str)
+
+
+def _scalar_hint(tp: Any) -> Any:
+    """``tp`` when it is a scalar annotation (``int``, ``float | None``, ...) that :func:`parse_scalar` checks, else None."""
+    args = (
+        [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType)
+        else [tp]
+    )
+    return tp if len(args) == 1 and args[0] in _SCALARS else None
+
+
+def _finite_numbers(where: str, value: Any) -> None:
+    """Refuse NaN and inf anywhere inside an option value (lists and mappings included)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DomainError(f"{where}: expected a finite number, got {value!r}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _finite_numbers(f"{where}.{k}", v)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _finite_numbers(f"{where}[{i}]", v)
+
+
+def check_options(where: str, target: Any, options: Mapping[str, Any], *, skip: Iterable[str] = ()) -> None:
+    """Check an option mapping against what it configures, without building it.
+
+    ``target`` is a dataclass (its fields are the options) or a callable (its keyword parameters with a
+    default, or keyword-only; a ``**kwargs`` target accepts any name). Unknown names raise
+    ``DomainError`` listing the valid ones; values of scalar-annotated options (``int``, ``float``,
+    ``bool``, ``str``, optionally ``| None``) are type-checked; NaN and inf are refused anywhere.
+    ``skip``: parameters the caller passes itself (e.g. an optimizer's ``params`` and ``lr``).
+
+    Example:
+        >>> from posttrain.llm.rollout.tasks import Multiple
+        >>> check_options("data.options", Multiple, {"high": 9})
+        >>> check_options("data.options", Multiple, {"hihg": 9})
+        Traceback (most recent call last):
+        ...
+        posttrain.errors.DomainError: data.options: unknown option(s) hihg; valid: low, high, bound
+    """
+    skipped = set(skip)
+    try:
+        hints = typing.get_type_hints(
+            target.__init__ if isinstance(target, type) and not dataclasses.is_dataclass(target) else target
+        )
+    except Exception:  # unresolvable annotations (e.g. a third-party class): names only
+        hints = {}
+    if dataclasses.is_dataclass(target):
+        valid: list[str] | None = [f.name for f in dataclasses.fields(target) if f.init]
+    else:
+        params = inspect.signature(target).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            valid = None
+        else:
+            valid = [
+                p.name
+                for p in params
+                if p.name not in skipped
+                and (p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty)
+            ]
+    if valid is not None:
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise DomainError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid) or '(none)'}")
+    for name, value in options.items():
+        key = f"{where}.{name}"
+        _finite_numbers(key, value)
+        hint = _scalar_hint(hints.get(name))
+        if hint is not None:
+            parse_scalar(key, value, hint)
+
+
+def _optimizer_class(cfg: RunConfig) -> Any:
+    import torch
+
+    if cfg.optim.name in MODEL_OPTIMIZERS:
+        from posttrain.llm.train.optim import MODEL_OPTIMIZERS as classes
+
+        return classes[cfg.optim.name]
+    return getattr(torch.optim, cfg.optim.name)
+
+
+def _tiny_config(cfg: RunConfig) -> Any:
+    from posttrain.llm.tools.tiny import TinyConfig
+
+    return TinyConfig
+
+
+OPTION_TARGETS: tuple[tuple[str, Callable[[RunConfig], Any], tuple[str, ...]], ...] = (
+    ("data.options", lambda cfg: TASKS.get(cfg.data.task), ()),
+    ("model.tiny", _tiny_config, ()),
+    ("optim.options", _optimizer_class, ("params", "lr", "model")),
+)
+"""``(key, what it configures, parameters the caller passes)`` of every option mapping checked at load by
+:func:`check_options` (the algorithm's mappings are checked against the resolved loss / advantage /
+method factory in :func:`_check_algorithm`). A new section with an option mapping adds its row here."""
+
+
+def _section_value(cfg: RunConfig, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def algorithm_of(cfg: RunConfig) -> Any:
+    """The :class:`~posttrain.llm.methods.algorithm.Algorithm` bundle of ``cfg.algorithm`` (pure Python, no model)."""
+    from posttrain.llm.methods.catalog import build_algorithm
+
+    a = cfg.algorithm
+    return build_algorithm(
+        method=a.method, horizon=cfg.rollout.max_new_tokens, advantage=a.advantage, loss=a.loss,
+        aggregation=a.aggregation, advantage_options=a.advantage_options, loss_options=a.loss_options,
+        kl=a.kl, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, options=a.options,
+    )  # fmt: skip
+
+
+def _check_algorithm(cfg: RunConfig) -> None:
+    """The algorithm's option mappings against the resolved loss, advantage or method factory; the bundle
+    built once (pure Python, no model) so any other inconsistency fails at load; group size 1 refused
+    where it makes every advantage zero."""
+    from posttrain.estimators import get_advantage, get_policy_loss
+    from posttrain.llm.methods.algorithm import MethodPreset
+
+    a = cfg.algorithm
+    entry = METHODS.get(a.method)
+    if isinstance(entry, MethodPreset):
+        check_options("algorithm.loss_options", get_policy_loss(a.loss or entry.loss), a.loss_options)
+        check_options("algorithm.advantage_options", get_advantage(a.advantage or entry.advantage), a.advantage_options)
+    alg = algorithm_of(cfg)
+    if cfg.rollout.group_size == 1 and alg.needs <= {"logp_old"}:
+        _refuse_zero_advantages(cfg, alg)
+
+
+def _refuse_zero_advantages(cfg: RunConfig, alg: Any) -> None:
+    """Groups of one sample: refuse a method whose advantage is then zero for every sample (loss and gradient 0)."""
+    import torch
+
+    from posttrain.llm.rollout.batch import RolloutBatch
+
+    one = torch.ones(2, 1, dtype=torch.long)
+    probe = RolloutBatch(
+        prompt_ids=one, prompt_mask=one.bool(), response_ids=one, mask=one.bool(),
+        rewards=torch.tensor([1.0, 0.0]), group_size=1, logp_old=torch.zeros(2, 1),
+    )  # fmt: skip
+    if not bool(alg.advantage(probe).abs().sum() > 0):
+        raise DomainError(
+            f"rollout.group_size: 1 gives method {cfg.algorithm.method!r} a zero advantage on every sample (its baseline "
+            "is the group's own reward), so the loss and gradient would be 0 at every step; use group_size >= 2"
+        )
 
 
 def _one_of(where: str, value: str | None, valid: Iterable[str]) -> None:
@@ -308,6 +480,11 @@ def validate_names(cfg: RunConfig) -> RunConfig:
     ]
     _one_of("optim.name", cfg.optim.name, optimizers + sorted(MODEL_OPTIMIZERS))
     _one_of("model.dtype", cfg.model.dtype, ("float32", "float64", "bfloat16", "float16"))
+    from posttrain.llm.train.evaluate import eval_metric_names
+
+    _one_of("logging.eval_metric", cfg.logging.eval_metric, eval_metric_names())
+    for key, target, skip in OPTION_TARGETS:
+        check_options(key, target(cfg), _section_value(cfg, key), skip=skip)
     for where, value in (
         ("data.prompts_per_step", cfg.data.prompts_per_step),
         ("rollout.group_size", cfg.rollout.group_size),
@@ -355,11 +532,28 @@ def validate_names(cfg: RunConfig) -> RunConfig:
             "numbers of groups, hence run different numbers of sharded forwards); use 'ddp'"
         )
     _validate_stages(cfg.rollout)
+    _check_policy(cfg)
     if (a.kl is None) != (a.kl_coef == 0.0):
         raise DomainError(
             f"algorithm.kl and algorithm.kl_coef: set both (a KL name and a coefficient > 0) or neither; got {a.kl!r}, {a.kl_coef!r}"
         )
+    _check_algorithm(cfg)
     return cfg
+
+
+def _check_policy(cfg: RunConfig) -> None:
+    """LoRA values, the vLLM + LoRA refusal, and the reward function (imported and its signature checked)."""
+    if cfg.model.lora is not None:
+        cfg.model.lora.check("model.lora")
+        if cfg.rollout.engine == "vllm":
+            raise DomainError(
+                "model.lora: not supported with rollout.engine='vllm' (the weight sync streams the policy's "
+                "state dict, whose LoRA names vLLM does not load); use rollout.engine='hf'"
+            )
+    if cfg.data.reward is not None:
+        load_reward_function(cfg.data.reward, "data.reward")
+    if cfg.data.task == "dataset":  # reads the file(s): a missing file or column fails at load, naming its key
+        make_task(cfg.data.task, **cfg.data.options)
 
 
 def _validate_stages(r: RolloutConfig) -> None:
@@ -412,14 +606,34 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[st
             child = node.get(p)
             node[p] = dict(child) if isinstance(child, Mapping) else {}
             node = node[p]
-        value = yaml.safe_load(text)
+        value = _parse_yaml(text, f"--set {item}", marks=False)
         node[parts[-1]] = value if not (isinstance(value, str) and value.lower() == "none") else None
     return out
 
 
+def _parse_yaml(text: str, where: str, *, marks: bool = True) -> Any:
+    """``yaml.safe_load(text)``; a syntax error becomes one ``DomainError`` line ``where:line:column: ...``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) if marks else None
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DomainError(f"{at}: YAML syntax error: {problem}") from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file read with the safe loader; unreadable files and syntax errors raise ``DomainError`` naming it."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise DomainError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    return _parse_yaml(text, str(path))
+
+
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> RunConfig:
     """Load YAML (safe loader), apply ``--set`` overrides, validate."""
-    raw: Any = {} if path is None else yaml.safe_load(Path(path).read_text())
+    raw: Any = {} if path is None else read_yaml(path)
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):

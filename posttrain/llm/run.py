@@ -3,11 +3,15 @@
 This is the config edge: names are resolved here (engine factories, the algorithm bundle, the
 task) and nowhere in the loop. Directory layout of a run::
 
-    out/config.yaml       the resolved config
+    out/config.yaml       the resolved config (written first, atomically; a resume's changes as comments)
     out/tiny/             the built tiny model (when model.path is null)
-    out/initial/          the policy after the SFT warm-up (reference model; vLLM loads it)
+    out/sft_metrics.jsonl the SFT warm-up's loss per step
+    out/initial/          the policy after the SFT warm-up (reference model; vLLM loads it), atomic + checksums
     out/metrics.jsonl     one JSON object per step
-    out/checkpoints/      step_NNNNNN/ (atomic)
+    out/checkpoints/      step_NNNNNN/ (atomic + checksums)
+
+A directory belongs to one run (:mod:`posttrain.llm.train.rundir`): training into one that holds a run
+needs ``resume`` (same config, except the keys of ``RESUMABLE_KEYS``) or ``overwrite``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import yaml
 
-from posttrain.llm.config import RunConfig, config_to_dict
+from posttrain.llm.config import RunConfig, algorithm_of
 from posttrain.llm.es.trainer import (
     EsStepLog,
     EsTrainConfig,
@@ -30,16 +33,25 @@ from posttrain.llm.es.trainer import (
     rank_world,
     trainable_params,
 )
-from posttrain.llm.methods.catalog import build_algorithm
 from posttrain.llm.methods.flow import prompt_feature_filler
 from posttrain.llm.methods.topk import StudentTopK, topk_logp_filler
+from posttrain.llm.policy import prepare_policy
 from posttrain.llm.rollout.branching import BranchingStage
 from posttrain.llm.rollout.engine import HFEngine, RolloutEngine
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.replay import ReplayStage
 from posttrain.llm.rollout.stages import RolloutStage
+from posttrain.llm.rollout.reward_fn import with_reward_function
 from posttrain.llm.rollout.tasks import make_task
 from posttrain.llm.train.parallel import wrap_frozen, wrap_model
+from posttrain.llm.train.rundir import (
+    RunDirError,
+    atomic_directory,
+    atomic_write_text,
+    check_run_dir,
+    claim_run_dir,
+    verify_checksums,
+)
 from posttrain.llm.train.sinks import metric_sinks
 from posttrain.llm.train.trainer import Filler, Trainer
 
@@ -127,28 +139,55 @@ def build_stages(cfg: RunConfig, *, vocab_size: int, world: int = 1) -> tuple[Ro
     return tuple(stages)
 
 
+def _initial_is_usable(initial: Path, checkpoints: Path) -> bool:
+    """Whether a resume can load ``initial/`` as is (complete and intact); raises when it is corrupt but
+    checkpoints were trained from it (the reference model would change)."""
+    if not (initial / "config.json").is_file():
+        return False
+    reason = verify_checksums(initial)
+    if reason is None:
+        return True
+    if checkpoints.is_dir() and any(checkpoints.glob("step_*")):
+        raise RunDirError(f"--resume: {initial} is corrupt ({reason}) and checkpoints depend on it; use --overwrite")
+    return False
+
+
 def build_trainer(
-    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, engine: RolloutEngine | None = None
+    cfg: RunConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    engine: RolloutEngine | None = None,
+    on_sft_step: Callable[[int, float], None] | None = None,
 ) -> Trainer:
     """Everything a run needs, ready to :meth:`~posttrain.llm.train.trainer.Trainer.fit`.
 
-    On a fresh run: build or load the model, run the SFT warm-up, save it as ``out/initial``. On
-    resume, ``out/initial`` is loaded and the checkpoint's weights replace the policy's.
+    ``out_dir`` must be new or empty unless ``resume`` (continue the run in it; the config may differ only
+    in :data:`~posttrain.llm.train.rundir.RESUMABLE_KEYS`) or ``overwrite`` (remove its run first); else
+    :class:`~posttrain.llm.train.rundir.RunDirError`. On a fresh run: build or load the model, run the SFT
+    warm-up (``on_sft_step(step, loss)`` after each step; the losses also go to ``sft_metrics.jsonl``),
+    save it atomically as ``out/initial``. On resume, ``out/initial`` is loaded and the newest intact
+    checkpoint's weights replace the policy's.
     """
     from posttrain.llm.tools.tiny import TinyConfig, build_tiny
     from posttrain.llm.train.sft import sft_warmup
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    task = make_task(cfg.data.task, **cfg.data.options)
+    changes = check_run_dir(out, cfg, resume=resume, overwrite=overwrite)  # every rank: read only
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    if rank == 0:
+        claim_run_dir(out, cfg, changes, overwrite=overwrite)
+    task = with_reward_function(make_task(cfg.data.task, **cfg.data.options), cfg.data.reward)
     initial = out / "initial"
-    if not (resume and (initial / "config.json").is_file()):
+    if not (resume and _initial_is_usable(initial, out / "checkpoints")):
         if rank == 0:
             source = cfg.model.path or build_tiny(out / "tiny", TinyConfig(**cfg.model.tiny), seed=cfg.seed)
             model, tokenizer = load_model(source, cfg)
             if cfg.data.sft_steps:
-                sft_warmup(
+                losses = sft_warmup(
                     model,
                     tokenizer,
                     task,
@@ -158,26 +197,19 @@ def build_trainer(
                     seed=cfg.seed,
                     chat_template=cfg.model.chat_template,
                     system=cfg.model.system_prompt,
+                    on_step=on_sft_step,
                 )
-            model.save_pretrained(initial)
-            tokenizer.save_pretrained(initial)
-            (out / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+                rows = [json.dumps({"step": i + 1, "loss": loss}) for i, loss in enumerate(losses)]
+                atomic_write_text(out / "sft_metrics.jsonl", "".join(f"{r}\n" for r in rows))
+            with atomic_directory(initial) as tmp:  # a kill mid-save leaves no initial/: a resume redoes SFT
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
     model, tokenizer = load_model(initial, cfg)
-    algorithm = build_algorithm(
-        method=cfg.algorithm.method,
-        horizon=cfg.rollout.max_new_tokens,
-        advantage=cfg.algorithm.advantage,
-        loss=cfg.algorithm.loss,
-        aggregation=cfg.algorithm.aggregation,
-        advantage_options=cfg.algorithm.advantage_options,
-        loss_options=cfg.algorithm.loss_options,
-        kl=cfg.algorithm.kl,
-        kl_coef=cfg.algorithm.kl_coef,
-        entropy_coef=cfg.algorithm.entropy_coef,
-        options=cfg.algorithm.options,
-    )
+    m = cfg.model
+    model = prepare_policy(model, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing, base_path=initial)
+    algorithm = algorithm_of(cfg)
     device = next(model.parameters()).device
     for module in algorithm.modules:  # on the policy's device: NCCL all-reduces their gradients there
         module.to(device)
@@ -214,33 +246,52 @@ def build_trainer(
     )
     if resume:
         trainer.resume()
+        trainer.resumed_with = {k: [old, new] for k, (old, new) in changes.items()} or None
     return trainer
 
 
-def train(
-    cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, progress: bool | None = None
-) -> list[dict[str, Any]]:
-    """Build the trainer and run it, with a rich progress bar showing reward, KL and entropy; every step's
-    metrics also go to the TensorBoard / W&B sinks the config asks for (:mod:`posttrain.llm.train.sinks`)."""
-    trainer = build_trainer(cfg, out_dir, resume=resume)
-    show = cfg.logging.progress if progress is None else progress
-    with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
-        if not show:
-            return trainer.fit(on_step=to_sinks)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
-        with Progress(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-        ) as bar:
-            job = bar.add_task("train", total=cfg.optim.steps, completed=trainer.step, info="")
+
+def train(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
+    """Build the trainer and run it, with rich progress bars: the model build, the SFT warm-up (loss) and the
+    RL steps (reward, KL, entropy); every step's metrics also go to the TensorBoard / W&B sinks the config
+    asks for (:mod:`posttrain.llm.train.sinks`)."""
+    show = cfg.logging.progress if progress is None else progress
+    if not show:
+        trainer = build_trainer(cfg, out_dir, resume=resume, overwrite=overwrite)
+        with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
+            return trainer.fit(on_step=to_sinks)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.description:<5}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+    ) as bar:
+        setup = bar.add_task("setup", total=None, info="building the model (and the SFT warm-up, if any)")
+        sft = bar.add_task("sft", total=cfg.data.sft_steps, info="", visible=False)
+
+        def on_sft_step(step: int, loss: float) -> None:
+            bar.update(sft, completed=step, info=f"loss {loss:.4f}", visible=True)
+
+        trainer = build_trainer(cfg, out_dir, resume=resume, overwrite=overwrite, on_sft_step=on_sft_step)
+        bar.update(setup, total=1, completed=1, info="model ready")
+        job = bar.add_task("train", total=cfg.optim.steps, completed=trainer.step, info="")
+        with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
 
             def on_step(m: dict[str, Any]) -> None:
-                kl = "-" if m["kl"] is None else f"{m['kl']:.4f}"
-                info = f"reward {m['reward_mean']:.3f}  kl {kl}  entropy {m['entropy']:.3f}"
+                info = f"reward {_num(m['reward_mean'])}  kl {_num(m['kl'], 4)}  entropy {_num(m['entropy'])}"
                 bar.update(job, completed=m["step"], info=info)
                 to_sinks(m)
 
@@ -257,6 +308,7 @@ def grpo_then_es(
     rl_first: bool = True,
     micro_batch: int | None = None,
     on_step: Callable[[EsStepLog], None] | None = None,
+    overwrite: bool = False,
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
 
@@ -264,9 +316,9 @@ def grpo_then_es(
     half; ``rl_first=False`` skips it: ES from the SFT'd model); ES then runs ``es_config.steps`` on the
     same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step
     (``micro_batch`` of them per ``generate`` call).
-    The ES endpoint is saved as ``out_dir/es``.
+    The ES endpoint is saved (atomically) as ``out_dir/es``; ``overwrite`` replaces a run already in ``out_dir``.
     """
-    trainer = build_trainer(run_config, out_dir)
+    trainer = build_trainer(run_config, out_dir, overwrite=overwrite)
     rl_logs = trainer.fit() if rl_first else []
     model = trainer.policy
     fitness = generation_fitness(
@@ -276,13 +328,14 @@ def grpo_then_es(
         micro_batch=micro_batch,
     )  # fmt: skip
     es_logs = es_train(trainable_params(model), fitness, es_config, on_step=on_step)
-    model.save_pretrained(Path(out_dir) / "es")
-    trainer.tokenizer.save_pretrained(Path(out_dir) / "es")
+    with atomic_directory(Path(out_dir) / "es") as tmp:
+        model.save_pretrained(tmp)
+        trainer.tokenizer.save_pretrained(tmp)
     return rl_logs, es_logs
 
 
 def es_from_config(
-    cfg: Any, out_dir: str | Path, *, on_step: Callable[[EsStepLog], None] | None = None
+    cfg: Any, out_dir: str | Path, *, on_step: Callable[[EsStepLog], None] | None = None, overwrite: bool = False
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """``posttrain es``: the config's ``es`` section (:class:`~posttrain.llm.config.EsConfig`) run by :func:`grpo_then_es`.
 
@@ -305,5 +358,5 @@ def es_from_config(
 
     return grpo_then_es(
         cfg, out_dir, es_config, prompts_per_step=e.prompts_per_step or cfg.data.prompts_per_step,
-        rl_first=e.after_rl, micro_batch=e.micro_batch, on_step=log,
+        rl_first=e.after_rl, micro_batch=e.micro_batch, on_step=log, overwrite=overwrite,
     )  # fmt: skip

@@ -3,18 +3,30 @@
 For every selected check it builds the config (smoke or full, ``--seeds`` override), runs it with
 a rich progress bar, and turns the :class:`~posttrain.paper_checks.base.Result` into
 
-- a table row per metric: mean +/- a 95% bootstrap CI over seeds beside the paper's value;
-- a row per comparison: the paired mean difference, its 95% paired-bootstrap CI, the one-sided
-  sign-test p-value, the declared margin and whether it is asserted;
-- a verdict: *reproduced* when every asserted comparison's CI lower end clears its margin,
-  *not reproduced* otherwise (numbers shown), *error* when ``run`` raised (the message is kept;
-  the other checks still run).
+- a row per metric: mean and its Student-t 95% interval over seeds beside the paper's value;
+- a row per comparison, asserted ones first, then the reported-only ones in a section of their own:
+  the criterion (mean / fraction of seeds / exact, with its margin), the paired mean and its t
+  interval, the seeds clearing the margin, the criterion's one-sided p-value, and the status
+  (pass / FAIL for asserted rows; "would pass" / "would fail" for reported ones);
+- a verdict: *reproduced* when every asserted criterion holds at level
+  :data:`~posttrain.paper_checks.base.ALPHA`, *not reproduced* otherwise (numbers shown), *error*
+  when ``run`` raised or declared a malformed criterion (the message is kept; the other checks
+  still run).
 
-``out`` receives ``report.md``, ``results.json`` (per check: id, paper, claim, verdict, metrics,
-comparisons with margins, seeds, wall time) and one PNG per check (metrics with CIs, per-seed
-paired differences against the margin, and any curves the check put in ``Result.extra["series"]``
-as ``{title: {"x": [...], "lines": {label: [...]}, "xlabel": str, "ylabel": str, "logx": bool,
-"logy": bool}}``).
+The overview shows per check the asserted claim, the verdict, how many asserted criteria pass,
+and the reported-only part of the claim with its headline comparisons, so a headline that is
+only reported is visible next to the verdict. It ends with a one-screen summary (verdicts, total
+wall and CPU time, where the report went).
+
+``out`` receives ``report.md`` (linking the plots), ``results.json`` (run metadata: package
+version, git commit, torch/numpy/scipy versions, total times; per check: id, paper, claim,
+reported claim, verdict, metrics, comparisons with their statistics and margins, seeds, wall and
+CPU time) and one PNG per check: small multiples, one axis per metric and per comparison (their
+units differ), then any curves the check put in ``Result.extra["series"]`` as ``{title: {"x": [...],
+"lines": {label: [...]}, "xlabel": str, "ylabel": str, "logx": bool, "logy": bool}}``.
+
+``stability`` reruns every check at twice its seeds and lists each verdict and asserted criterion
+that flips.
 
 Exit code: 0 when every check ran (whatever the verdicts), 1 when one raised, 2 for an unknown
 id; with ``strict`` a *not reproduced* verdict also gives 1.
@@ -25,6 +37,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import platform
+import subprocess
+import textwrap
 import time
 import traceback
 from collections.abc import Sequence
@@ -40,20 +55,23 @@ from rich.table import Table
 
 from posttrain.paper_checks import CHECKS, load_all
 from posttrain.paper_checks.base import (
+    ALPHA,
+    Criterion,
     PaperCheck,
     Result,
     Verdict,
     compare,
-    paired_bootstrap_ci,
+    t_interval,
     verdict_of,
 )
+from posttrain.validate import value_checks
 
-__all__ = ["CheckOutcome", "main", "run_check", "select_checks", "summarise"]
+__all__ = ["CheckOutcome", "main", "run_check", "run_metadata", "select_checks", "stability", "summarise"]
 
 
 @dataclass
 class CheckOutcome:
-    """One check's run: the result (or the error), the verdict and the wall time."""
+    """One check's run: the result (or the error), the verdict, the wall and CPU time."""
 
     check: PaperCheck
     config: Any
@@ -63,6 +81,7 @@ class CheckOutcome:
     error: str | None = None
     traceback: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
+    cpu_time_s: float = 0.0
 
 
 def select_checks(ids: Sequence[str]) -> list[PaperCheck]:
@@ -77,6 +96,7 @@ def select_checks(ids: Sequence[str]) -> list[PaperCheck]:
         return [CHECKS.get(n) for n in names]
     chosen: list[str] = []
     for wanted in ids:
+        wanted = wanted.zfill(2) if wanted.isdigit() else wanted  # "2" means check "02"
         hits = [n for n in names if n == wanted or (n.startswith(wanted) and n[len(wanted) :].isalpha())]
         if not hits:
             raise KeyError(f"unknown check id {wanted!r}; valid: {', '.join(names) or '(none)'}")
@@ -89,12 +109,16 @@ def _finite_stats(values: Sequence[float]) -> tuple[float, float, float, int]:
     v = v[np.isfinite(v)]
     if v.size == 0:
         return math.nan, math.nan, math.nan, 0
-    lo, hi = paired_bootstrap_ci(v)
+    lo, hi = t_interval(v)
     return float(v.mean()), lo, hi, int(v.size)
 
 
 def summarise(result: Result) -> dict[str, Any]:
-    """JSON-ready statistics of a result: per-metric mean and CI, per-comparison paired statistics."""
+    """JSON-ready statistics of a result: per-metric mean and t interval, per-comparison criterion statistics.
+
+    Raises:
+        DomainError: a malformed asserted criterion (see :func:`~posttrain.paper_checks.base.compare`).
+    """
     metrics = []
     for m in result.metrics:
         mean, lo, hi, n = _finite_stats(m.per_seed)
@@ -116,31 +140,37 @@ def summarise(result: Result) -> dict[str, Any]:
         comparisons.append(
             {
                 "name": c.name,
+                "kind": c.kind.value,
                 "differences": list(c.differences),
                 "mean": st.mean,
                 "ci_low": st.ci_low,
                 "ci_high": st.ci_high,
+                "p": st.p,
                 "sign_p": st.sign_p,
                 "n": st.n,
+                "count": st.count,
+                "required": st.required if c.kind is Criterion.FRACTION else None,
+                "fraction": c.fraction,
+                "rate_low": st.rate_low if c.kind is Criterion.FRACTION else None,
                 "passed": st.passed,
                 "margin": c.margin,
                 "margin_reason": c.margin_reason,
                 "asserted": c.asserted,
-                "every_seed": bool(getattr(c, "every_seed", False)),
-                "min_seeds": getattr(c, "min_seeds", None),
+                "headline": c.headline,
                 "paper_value": c.paper_value,
             }
         )
-    return {"metrics": metrics, "comparisons": comparisons, "notes": result.notes}
+    return {"metrics": metrics, "comparisons": comparisons, "notes": result.notes, "alpha": ALPHA}
 
 
 def run_check(check: PaperCheck, *, smoke: bool = False, seeds: int | None = None) -> CheckOutcome:
     """Run one check; an exception becomes an *error* outcome carrying the message."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     config: Any = None
     try:
         config = check.config(smoke=smoke, seeds=seeds)
-        result = check.run(config)
+        with value_checks(False):  # toy inner loops: shape checks stay, per-call value scans go
+            result = check.run(config)
         if not isinstance(result, Result):
             raise TypeError(f"check {check.id}: run() returned {type(result).__name__}, expected Result")
         summary = summarise(result)
@@ -153,8 +183,17 @@ def run_check(check: PaperCheck, *, smoke: bool = False, seeds: int | None = Non
             time.perf_counter() - start,
             error=f"{type(exc).__name__}: {exc}",
             traceback=traceback.format_exc(),
+            cpu_time_s=time.process_time() - cpu,
         )
-    return CheckOutcome(check, config, verdict, time.perf_counter() - start, result=result, summary=summary)
+    return CheckOutcome(
+        check,
+        config,
+        verdict,
+        time.perf_counter() - start,
+        result=result,
+        summary=summary,
+        cpu_time_s=time.process_time() - cpu,
+    )
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -166,30 +205,59 @@ def _fmt(x: float | None, digits: int = 4) -> str:
 
 
 def _margin_text(row: dict[str, Any]) -> str:
-    """``> m``, or ``>= x`` when the margin is the float just below ``x`` (how a check writes "at least x")."""
+    """``mean > m``, ``> m in >= k/n seeds`` or ``exact > m``; ``>= x`` when the margin is the float just below ``x``."""
     m = float(row["margin"])
     snapped = 0.0 if abs(m) < 1e-300 else float(f"{m:.12g}")
-    text = f">= {_fmt(snapped)}" if snapped != m and math.nextafter(snapped, -math.inf) == m else f"> {_fmt(m)}"
-    if row.get("min_seeds") is not None:
-        text += f" in >= {row['min_seeds']}/{row['n']} seeds"
-    elif row.get("every_seed"):
-        text += " in every seed"
-    return text
+    bound = f">= {_fmt(snapped)}" if snapped != m and math.nextafter(snapped, -math.inf) == m else f"> {_fmt(m)}"
+    kind = row.get("kind", Criterion.MEAN.value)
+    if kind == Criterion.FRACTION.value:
+        need = row["required"]
+        need_text = f"{need}/{row['n']}" if need is not None and need <= row["n"] else f"(impossible at n={row['n']})"
+        return f"{bound} in >= {need_text} seeds"
+    if kind == Criterion.EXACT.value:
+        return f"exact {bound}"
+    return f"mean {bound}"
 
 
 def _interval(row: dict[str, Any]) -> str:
-    """``mean [CI low, CI high]``; a single number (one seed, or a deterministic check) alone."""
-    if row.get("n", 0) <= 1:
+    """``mean [CI low, CI high]``; a single number (one seed, or a deterministic value) alone."""
+    if row.get("n", 0) <= 1 or row.get("kind") == Criterion.EXACT.value:
         return _fmt(row["mean"])
     return f"{_fmt(row['mean'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
 
 
-def _sign_p(row: dict[str, Any]) -> str:
-    return _fmt(row["sign_p"], 3) if row.get("n", 0) > 1 else "-"
+def _p_text(row: dict[str, Any]) -> str:
+    if row.get("kind") == Criterion.EXACT.value or row.get("n", 0) <= 1:
+        return "-"
+    return _fmt(row["p"], 3)
+
+
+def _seeds_text(row: dict[str, Any]) -> str:
+    return f"{row['count']}/{row['n']}" if row.get("n", 0) else "-"
+
+
+def _status(row: dict[str, Any]) -> str:
+    if row["asserted"]:
+        return "pass" if row["passed"] else "FAIL"
+    return "would pass" if row["passed"] else "would fail"
 
 
 def _seeds_of(config: Any) -> int | None:
     return getattr(config, "seeds", None) if config is not None else None
+
+
+def _asserted_count(o: CheckOutcome) -> str:
+    rows = [c for c in o.summary.get("comparisons", []) if c["asserted"]]
+    return f"{sum(c['passed'] for c in rows)}/{len(rows)}" if rows else "-"
+
+
+def _reported_text(o: CheckOutcome) -> str:
+    """The reported-only part of the claim and its headline comparisons (plain text)."""
+    parts = [o.check.reported_claim] if o.check.reported_claim else []
+    for c in o.summary.get("comparisons", []):
+        if c["headline"] and not c["asserted"]:
+            parts.append(f"{c['name']}: {_interval(c)}, {_status(c)}")
+    return "; ".join(parts) or "-"
 
 
 def outcome_json(o: CheckOutcome) -> dict[str, Any]:
@@ -200,9 +268,12 @@ def outcome_json(o: CheckOutcome) -> dict[str, Any]:
         "id": o.check.id,
         "paper": o.check.paper,
         "claim": o.check.claim,
+        "reported_claim": o.check.reported_claim,
         "verdict": o.verdict.value,
+        "asserted_passed": _asserted_count(o),
         "error": o.error,
         "wall_time_s": o.wall_time_s,
+        "cpu_time_s": o.cpu_time_s,
         "seeds": _seeds_of(o.config),
         "config": cfg,
         "metrics": o.summary.get("metrics", []),
@@ -216,18 +287,66 @@ def outcome_json(o: CheckOutcome) -> dict[str, Any]:
     }
 
 
+def _git_commit() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": sha or None, "dirty": bool(dirty)}
+
+
+def run_metadata() -> dict[str, Any]:
+    """What produced a run: package, commit, library versions, machine."""
+    import scipy
+
+    import posttrain
+
+    return {
+        "package": "posttrain",
+        "version": posttrain.__version__,
+        **_git_commit(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "alpha_one_sided": ALPHA,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 _STYLE = {Verdict.REPRODUCED: "green", Verdict.NOT_REPRODUCED: "yellow", Verdict.ERROR: "red"}
+_ROW_STYLE = {"pass": "green", "FAIL": "red", "would pass": "dim", "would fail": "dim"}
+
+
+def _comparison_cells(c: dict[str, Any]) -> list[str]:
+    return [c["name"], _margin_text(c), _interval(c), _seeds_text(c), _p_text(c), _fmt(c["paper_value"]), _status(c)]
+
+
+_COMPARISON_COLS = ("Δ criterion", "rule", "mean [95% t CI]", "seeds > margin", "p (one-sided)", "paper", "status")
 
 
 def _print_tables(outcomes: list[CheckOutcome], console: Console) -> None:
-    overview = Table(title="paper checks")
-    for col in ("id", "claim", "verdict", "seeds", "time (s)"):
-        overview.add_column(col)
+    overview = Table(title="paper checks", show_lines=True)
+    for col in ("id", "asserted claim", "verdict", "asserted pass", "reported only", "seeds", "time (s)"):
+        overview.add_column(col, overflow="fold")
     for o in outcomes:
         overview.add_row(
             o.check.id,
             o.check.claim,
             f"[{_STYLE[o.verdict]}]{o.verdict.value}[/]",
+            _asserted_count(o),
+            _reported_text(o),
             str(_seeds_of(o.config)),
             f"{o.wall_time_s:.1f}",
         )
@@ -236,67 +355,143 @@ def _print_tables(outcomes: list[CheckOutcome], console: Console) -> None:
         if o.error is not None:
             console.print(f"[red]{o.check.id}: error: {o.error}[/]")
             continue
-        t = Table(title=f"{o.check.id}: {o.check.paper}", show_lines=False)
-        for col in ("quantity", "mean [95% CI]", "paper", "margin", "sign p", "status"):
+        if o.summary["metrics"]:
+            t = Table(title=f"{o.check.id}: {o.check.paper}: metrics")
+            for col in ("quantity", "mean [95% t CI]", "paper"):
+                t.add_column(col)
+            for m in o.summary["metrics"]:
+                t.add_row(m["name"], _interval(m), _fmt(m["paper_value"]))
+            console.print(t)
+        t = Table(title=f"{o.check.id}: criteria (one-sided level {ALPHA})")
+        for col in _COMPARISON_COLS:
             t.add_column(col)
-        for m in o.summary["metrics"]:
-            t.add_row(m["name"], _interval(m), _fmt(m["paper_value"]), "", "", "")
-        for c in o.summary["comparisons"]:
-            status = ("pass" if c["passed"] else "FAIL") if c["asserted"] else "reported"
-            t.add_row(
-                f"Δ {c['name']}",
-                _interval(c),
-                _fmt(c["paper_value"]),
-                _margin_text(c),
-                _sign_p(c),
-                status,
-            )
+        rows = o.summary["comparisons"]
+        for c in (c for c in rows if c["asserted"]):
+            cells = _comparison_cells(c)
+            cells[-1] = f"[{_ROW_STYLE[cells[-1]]}]{cells[-1]}[/]"
+            t.add_row(*cells)
+        reported = [c for c in rows if not c["asserted"]]
+        if reported:
+            t.add_section()
+            t.add_row("[bold]reported only (not in the verdict)[/]", *[""] * (len(_COMPARISON_COLS) - 1))
+            for c in reported:
+                t.add_row(*_comparison_cells(c), style="dim")
         console.print(t)
 
 
-def _markdown(outcomes: list[CheckOutcome], *, smoke: bool) -> str:
+def _print_summary(outcomes: list[CheckOutcome], console: Console, meta: dict[str, Any], out: str | None) -> None:
+    """One line per check (verdict, asserted criteria passing, headline reported rows), then the totals."""
+    t = Table(title="summary", box=None, pad_edge=False)
+    for col in ("id", "verdict", "asserted pass", "reported headline", "seeds", "time (s)"):
+        t.add_column(col, no_wrap=col != "reported headline", overflow="ellipsis")
+    for o in outcomes:
+        heads = [c for c in o.summary.get("comparisons", []) if c["headline"] and not c["asserted"]]
+        head = "; ".join(f"{_interval(c).split(' ')[0]} {_status(c)}" for c in heads) or "-"
+        t.add_row(
+            o.check.id,
+            f"[{_STYLE[o.verdict]}]{o.verdict.value}[/]",
+            _asserted_count(o),
+            head,
+            str(_seeds_of(o.config)),
+            f"{o.wall_time_s:.1f}",
+        )
+    console.print(t)
+    verdicts = {v: sum(o.verdict is v for o in outcomes) for v in Verdict}
+    console.print(
+        f"{len(outcomes)} checks: "
+        + ", ".join(f"{n} {v.value}" for v, n in verdicts.items() if n)
+        + f"; total {meta['wall_time_s']:.0f} s wall, {meta['cpu_time_s']:.0f} s CPU"
+        + (f"; report: {Path(out) / 'report.md'}" if out is not None else "")
+    )
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _markdown(outcomes: list[CheckOutcome], *, smoke: bool, meta: dict[str, Any], plots: dict[str, str]) -> str:
+    commit = f"{meta.get('commit') or 'unknown'}{' (uncommitted changes)' if meta.get('dirty') else ''}"
     lines = [
         "# Paper checks",
         "",
-        f"Mode: {'smoke' if smoke else 'full'}.",
+        f"Mode: {'smoke' if smoke else 'full'}. posttrain {meta['version']}, commit {commit}, torch {meta['torch']}.",
         "",
-        "| id | claim | verdict | seeds | time (s) |",
-        "| --- | --- | --- | --- | --- |",
+        f"Every asserted criterion is judged at one-sided level {ALPHA}: a mean by its Student-t 95% interval "
+        "(lower end above the margin), a fraction of seeds by the count and an exact binomial test against 1/2, "
+        "an exact (deterministic) value directly. Reported-only rows are shown, never part of the verdict.",
+        "",
+        "| id | asserted claim | verdict | asserted pass | reported only | seeds | time (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         lines.append(
-            f"| {o.check.id} | {o.check.claim} | {o.verdict.value} | {_seeds_of(o.config)} | {o.wall_time_s:.1f} |"
+            f"| [{o.check.id}](#check-{o.check.id}) | {_md(o.check.claim)} | {o.verdict.value} | {_asserted_count(o)} | "
+            f"{_md(_reported_text(o))} | {_seeds_of(o.config)} | {o.wall_time_s:.1f} |"
         )
+    header = "| " + " | ".join(_COMPARISON_COLS) + " |"
+    rule = "| " + " | ".join("---" for _ in _COMPARISON_COLS) + " |"
     for o in outcomes:
-        lines += ["", f"## {o.check.id}: {o.check.paper}", "", o.check.claim, "", f"**Verdict: {o.verdict.value}**", ""]
+        lines += [
+            "",
+            f'<a id="check-{o.check.id}"></a>',
+            f"## {o.check.id}: {_md(o.check.paper)}",
+            "",
+            f"Asserted claim: {o.check.claim}",
+            "",
+        ]
+        if o.check.reported_claim:
+            lines += [f"Reported only: {o.check.reported_claim}", ""]
+        lines += [f"**Verdict: {o.verdict.value}** (asserted criteria passing: {_asserted_count(o)})", ""]
         if o.error is not None:
             lines += ["```", o.traceback.strip() or o.error, "```"]
             continue
-        lines += [
-            "| quantity | mean [95% CI] | paper | margin | sign p | status |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for m in o.summary["metrics"]:
-            lines.append(f"| {m['name']} | {_interval(m)} | {_fmt(m['paper_value'])} |  |  |  |")
-        for c in o.summary["comparisons"]:
-            status = ("pass" if c["passed"] else "FAIL") if c["asserted"] else "reported"
-            lines.append(
-                f"| Δ {c['name']} | {_interval(c)} | {_fmt(c['paper_value'])} | {_margin_text(c)} | "
-                f"{_sign_p(c)} | {status} |"
-            )
+        if o.check.id in plots:
+            lines += [f"![check {o.check.id}]({plots[o.check.id]})", ""]
+        if o.summary["metrics"]:
+            lines += ["| quantity | mean [95% t CI] | paper |", "| --- | --- | --- |"]
+            lines += [f"| {_md(m['name'])} | {_interval(m)} | {_fmt(m['paper_value'])} |" for m in o.summary["metrics"]]
+            lines.append("")
+        for title, asserted in (("Asserted criteria", True), ("Reported only (not in the verdict)", False)):
+            rows = [c for c in o.summary["comparisons"] if c["asserted"] is asserted]
+            if rows:
+                lines += [f"{title}:", "", header, rule]
+                lines += ["| " + " | ".join(_md(x) for x in _comparison_cells(c)) + " |" for c in rows]
+                lines.append("")
         reasons = [
-            f"- {c['name']}: {_margin_text(c)} — {c['margin_reason']}"
+            f"- {_md(c['name'])}: {_margin_text(c)} — {c['margin_reason']}"
             for c in o.summary["comparisons"]
-            if c["margin_reason"]
+            if c["margin_reason"] and c["asserted"]
         ]
         if reasons:
-            lines += ["", "Margins:", *reasons]
+            lines += ["Margins (asserted):", *reasons, ""]
         if o.summary["notes"]:
-            lines += ["", o.summary["notes"]]
-    return "\n".join(lines) + "\n"
+            lines += [o.summary["notes"], ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_COLORS = {"pass": "tab:green", "FAIL": "tab:red", "would pass": "tab:gray", "would fail": "tab:gray"}
+
+
+def _small_axis(ax: Any, values: np.ndarray, mean: float, lo: float, hi: float, title: str) -> None:
+    """One quantity on its own axis: per-seed dots, the mean and its t interval."""
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
+    jitter = np.linspace(-0.15, 0.15, values.size) if values.size > 1 else np.zeros(1)
+    ax.scatter(values, jitter, s=10, color="tab:blue", alpha=0.6, zorder=2)
+    if math.isfinite(mean):
+        ax.errorbar(
+            [mean], [0.0], xerr=[[max(mean - lo, 0.0)], [max(hi - mean, 0.0)]], fmt="kd", capsize=3, ms=4, zorder=3
+        )
+    ax.set_yticks([])
+    ax.set_ylim(-0.5, 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%.4g"))  # no offset text spilling onto the next row
+    ax.tick_params(axis="x", labelsize=6)
+    ax.set_title("\n".join(textwrap.wrap(title, 38)[:3]), fontsize=6.5)
 
 
 def _plot(o: CheckOutcome, path: Path) -> None:
+    """Small multiples: one axis per metric, one per comparison (coloured by status), one per curve."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,40 +499,92 @@ def _plot(o: CheckOutcome, path: Path) -> None:
 
     assert o.result is not None
     series = o.result.extra.get("series", {}) if isinstance(o.result.extra, dict) else {}
-    panels = 2 + len(series)
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
-    ax = axes[0][0]
-    ms = o.summary["metrics"]
-    if ms:
-        means = [m["mean"] for m in ms]
-        err = np.array([[m["mean"] - m["ci_low"] for m in ms], [m["ci_high"] - m["mean"] for m in ms]])
-        ax.barh(range(len(ms)), means, xerr=np.nan_to_num(err), color="tab:blue", alpha=0.7)
-        for i, m in enumerate(ms):
-            if m["paper_value"] is not None:
-                ax.plot(m["paper_value"], i, "r*", markersize=10)
-        ax.set_yticks(range(len(ms)), [m["name"] for m in ms], fontsize=7)
-    ax.set_title("metrics (bar: mean, 95% CI; *: paper)", fontsize=8)
-    ax = axes[0][1]
-    for i, c in enumerate(o.summary["comparisons"]):
-        d = np.asarray(c["differences"], dtype=np.float64)
-        ax.scatter(d, np.full(d.shape, i), s=12, color="tab:green" if c["passed"] else "tab:red")
-        ax.plot([c["margin"]] * 2, [i - 0.3, i + 0.3], "k-")
-    ax.set_yticks(range(len(o.summary["comparisons"])), [c["name"] for c in o.summary["comparisons"]], fontsize=7)
-    ax.set_title("paired differences per seed (|: margin)", fontsize=8)
+    ms, cs = o.summary["metrics"], o.summary["comparisons"]
+    cols = 4
+    n_axes = len(ms) + len(cs)
+    rows_small = math.ceil(n_axes / cols)
+    rows_series = math.ceil(len(series) / 2)
+    fig = plt.figure(figsize=(12, 1.15 * rows_small + 3.2 * rows_series + 0.8), layout="constrained")
+    grid = fig.add_gridspec(rows_small + rows_series, cols, height_ratios=[1.0] * rows_small + [2.8] * rows_series)
+    for i, m in enumerate(ms):
+        ax = fig.add_subplot(grid[i // cols, i % cols])
+        v = np.asarray(m["per_seed"], dtype=np.float64)
+        _small_axis(ax, v[np.isfinite(v)], m["mean"], m["ci_low"], m["ci_high"], f"metric: {m['name']}")
+        if m["paper_value"] is not None:
+            ax.plot([m["paper_value"]], [0.3], "r*", ms=7, zorder=4)
+        ax.set_xlabel("value (* paper)" if m["paper_value"] is not None else "value", fontsize=6)
+    for j, c in enumerate(cs):
+        i = len(ms) + j
+        ax = fig.add_subplot(grid[i // cols, i % cols])
+        status = _status(c)
+        v = np.asarray(c["differences"], dtype=np.float64)
+        _small_axis(ax, v[np.isfinite(v)], c["mean"], c["ci_low"], c["ci_high"], f"Δ {c['name']}")
+        ax.axvline(c["margin"], color=_COLORS[status], lw=1.5, ls="-" if c["asserted"] else ":")
+        ax.set_xlabel(f"difference; line: margin; {status}", fontsize=6, color=_COLORS[status])
+        for spine in ax.spines.values():
+            spine.set_edgecolor(_COLORS[status] if c["asserted"] else "lightgray")
     for j, (title, spec) in enumerate(series.items()):
-        ax = axes[0][2 + j]
+        ax = fig.add_subplot(grid[rows_small + j // 2, (j % 2) * 2 : (j % 2) * 2 + 2])
         for label, ys in spec.get("lines", {}).items():
             ax.plot(spec["x"], ys, marker=".", label=str(label))
         ax.set_xscale("log" if spec.get("logx") else "linear")
+        if spec.get("logx") and len(spec["x"]) <= 12:  # label the grid itself, not crowded minor ticks
+            ax.set_xticks(spec["x"], [f"{x:g}" for x in spec["x"]])
+            ax.minorticks_off()
         ax.set_yscale("log" if spec.get("logy") else "linear")
-        ax.set_xlabel(spec.get("xlabel", ""))
-        ax.set_ylabel(spec.get("ylabel", ""))
+        ax.set_xlabel(spec.get("xlabel") or "x", fontsize=8)
+        ax.set_ylabel(spec.get("ylabel") or "value", fontsize=8)
         ax.set_title(title, fontsize=8)
+        ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
-    fig.suptitle(f"{o.check.id}: {o.verdict.value}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90, bbox_inches="tight")  # long metric labels stay inside the image
+    fig.suptitle(
+        f"{o.check.id}: {o.verdict.value} (dots: seeds; diamond: mean with 95% t interval; "
+        "solid margin line: asserted, dotted: reported only)",
+        fontsize=9,
+    )
+    fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def stability(outcomes: list[CheckOutcome], *, smoke: bool = False) -> list[dict[str, Any]]:
+    """Rerun each check that ran at twice its seeds; one record per check with every flip."""
+    records = []
+    for o in outcomes:
+        n = _seeds_of(o.config)
+        if o.result is None or n is None:
+            continue
+        again = run_check(o.check, smoke=smoke, seeds=2 * n)
+        before = {c["name"]: c["passed"] for c in o.summary["comparisons"] if c["asserted"]}
+        after = {c["name"]: c["passed"] for c in again.summary.get("comparisons", []) if c["asserted"]}
+        flips = [
+            {"criterion": k, "at_n": before.get(k), "at_2n": after.get(k)}
+            for k in sorted(before.keys() | after.keys())
+            if before.get(k) != after.get(k)
+        ]
+        records.append(
+            {
+                "id": o.check.id,
+                "seeds": n,
+                "verdict": o.verdict.value,
+                "verdict_2x": again.verdict.value,
+                "verdict_flipped": again.verdict is not o.verdict,
+                "criterion_flips": flips,
+                "error_2x": again.error,
+                "cpu_time_2x_s": again.cpu_time_s,
+            }
+        )
+    return records
+
+
+def _print_stability(records: list[dict[str, Any]], console: Console) -> None:
+    t = Table(title="stability: each check rerun at twice its seeds")
+    for col in ("id", "seeds", "verdict", "verdict at 2x", "flipped asserted criteria"):
+        t.add_column(col, overflow="fold")
+    for r in records:
+        flips = "; ".join(f"{f['criterion']}: {f['at_n']} -> {f['at_2n']}" for f in r["criterion_flips"]) or "none"
+        style = "red" if r["verdict_flipped"] else ""
+        t.add_row(r["id"], str(r["seeds"]), r["verdict"], r["verdict_2x"], flips, style=style)
+    console.print(t)
 
 
 def main(
@@ -348,6 +595,7 @@ def main(
     out: str | None = None,
     json_out: bool = False,
     strict: bool = False,
+    check_stability: bool = False,
     console: Console | None = None,
 ) -> int:
     """Run the selected checks, print the tables (or JSON), write the report; return the exit code."""
@@ -357,7 +605,10 @@ def main(
     except KeyError as exc:
         console.print(f"[red]{exc.args[0]}[/]")
         return 2
+    meta = run_metadata()
+    start, cpu = time.perf_counter(), time.process_time()
     outcomes: list[CheckOutcome] = []
+    records: list[dict[str, Any]] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # toy tensors are tiny: extra threads only add contention
     try:
@@ -375,21 +626,38 @@ def main(
                 progress.update(task, description=f"check {check.id}")
                 outcomes.append(run_check(check, smoke=smoke, seeds=seeds))
                 progress.advance(task)
+        if check_stability:
+            records = stability(outcomes, smoke=smoke)
     finally:
         torch.set_num_threads(threads)
-    payload = {"mode": "smoke" if smoke else "full", "checks": [outcome_json(o) for o in outcomes]}
+    meta["wall_time_s"] = time.perf_counter() - start
+    meta["cpu_time_s"] = time.process_time() - cpu
+    payload: dict[str, Any] = {
+        "mode": "smoke" if smoke else "full",
+        "run": meta,
+        "checks": [outcome_json(o) for o in outcomes],
+    }
+    if check_stability:
+        payload["stability"] = records
     if json_out:
         print(json.dumps(payload, indent=2, default=float))
     else:
         _print_tables(outcomes, console)
+        if check_stability:
+            _print_stability(records, console)
     if out is not None:
         folder = Path(out)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "results.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
-        (folder / "report.md").write_text(_markdown(outcomes, smoke=smoke))
+        plots: dict[str, str] = {}
         for o in outcomes:
             if o.result is not None:
-                _plot(o, folder / f"check_{o.check.id}.png")
+                name = f"check_{o.check.id}.png"
+                _plot(o, folder / name)
+                plots[o.check.id] = name
+        (folder / "results.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
+        (folder / "report.md").write_text(_markdown(outcomes, smoke=smoke, meta=meta, plots=plots))
+    if not json_out:
+        _print_summary(outcomes, console, meta, out)
     errors = any(o.verdict is Verdict.ERROR for o in outcomes)
     failed = any(o.verdict is Verdict.NOT_REPRODUCED for o in outcomes)
     return 1 if errors or (strict and failed) else 0

@@ -1,9 +1,9 @@
 """Seed-wise pass criteria ("in every seed", "in >= 4/5 seeds") as comparisons.
 
-A spec criterion that must hold in at least a fraction ``f`` of the ``n`` seeds is the harness's
-``min_seeds = ceil(f n)`` rule on the raw per-seed differences (the comparison keeps them all, so the
-table still shows their paired CI). :func:`order_statistic` gives the same criterion as one number:
-it passes iff the ``(n - ceil(f n) + 1)``-th smallest difference exceeds the margin.
+A criterion that must hold in at least a fraction ``f`` of the seeds is a
+:func:`~posttrain.paper_checks.base.fraction_criterion`: at least ``ceil(f n)`` seeds clear the margin
+and the exact binomial test against 1/2 rejects at the harness level. :func:`order_statistic` gives
+the count part as one number: at least ``ceil(f n)`` values are ``>=`` it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from posttrain.errors import DomainError
-from posttrain.paper_checks.base import Comparison
+from posttrain.paper_checks.base import Comparison, fraction_criterion
 
 __all__ = ["order_statistic", "seedwise"]
 
@@ -36,17 +36,12 @@ def seedwise(
     margin_reason: str,
     fraction: float = 1.0,
     asserted: bool = True,
+    headline: bool = False,
 ) -> Comparison:
-    """A comparison that passes iff ``differences > margin`` in at least ``fraction`` of the seeds."""
-    label = "every seed" if fraction >= 1.0 else f">= {fraction:.0%} of seeds"
-    d = tuple(float(x) for x in np.asarray(differences, dtype=np.float64).ravel())
-    if not d or not 0.0 < fraction <= 1.0:
-        raise DomainError(f"differences/fraction: need differences and fraction in (0, 1], got {len(d)}, {fraction}")
-    return Comparison(
-        name=f"{name} ({label})",  # no square brackets: rich would read them as markup
-        differences=d,
-        margin=margin,
-        margin_reason=margin_reason,
-        asserted=asserted,
-        min_seeds=math.ceil(fraction * len(d) - 1e-12),
+    """A fraction criterion: ``differences > margin`` in at least ``fraction`` of the seeds (binomial-tested)."""
+    d = np.asarray(differences, dtype=np.float64).ravel()
+    if d.size == 0 or not 0.0 < fraction <= 1.0:
+        raise DomainError(f"differences/fraction: need differences and fraction in (0, 1], got {d.size}, {fraction}")
+    return fraction_criterion(
+        name, d, fraction=fraction, margin=margin, reason=margin_reason, asserted=asserted, headline=headline
     )

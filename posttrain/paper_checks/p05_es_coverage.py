@@ -17,8 +17,8 @@ T_eval = 0.6.
 Simplifications: one-step "responses" (no tokens), exact softmax gradients, no KL term, no clipping
 (one update per batch, ratio 1); GRPO advantages use the Bessel std (a constant rescaling that
 Adam removes; the spec says population std). "Every seed" / ">= 4/5 seeds" criteria are asserted
-as order statistics of the per-seed differences (see ``_seeds.py``); the per-seed numbers are in
-the metrics. Not asserted (unreachable in this toy, reported): ES Pass@64 >= Base Pass@64.
+as shares of seeds with the harness's binomial test (at 10 seeds: 10/10 and 9/10); the per-seed
+numbers are in the metrics. Not asserted (unreachable in this toy, reported): ES Pass@64 >= Base Pass@64.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from torch import Tensor
 from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks._seeds import seedwise
-from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
+from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result, fraction_criterion, mean_criterion
 from posttrain.simulators._base import SeedRNG, sample_categorical
 from posttrain.simulators.demystify import DomainTask, TargetTask
 from posttrain.simulators.tabular import sample_sequences, token_logp
@@ -51,7 +51,7 @@ _F64 = torch.float64
 
 @dataclass(frozen=True)
 class Config:
-    seeds: int = 8
+    seeds: int = 16  # the sweep's "rate <= 0.3" needs >= 13/16 failing seeds for its binomial test
     # A: coverage and reward granularity
     vocab: int = 8
     target: tuple[int, ...] = (3, 1, 4, 1, 5, 2)
@@ -240,10 +240,8 @@ def run(cfg: Config) -> Result:
         Metric("sweep: sparse success rate", per_seed(rates), note="spec 0, 0, 0.25, 0.88, 1, 1"),
     ]
     order = expected_hits.argsort()
-    steps = rates[order].diff()
-    one_seed = 1.0 / cfg.seeds + 1e-9
-    excess = int((steps < -one_seed).sum()) + max(0, int((steps < -1e-9).sum()) - 1)
-    low, high = rates[expected_hits < 4], rates[expected_hits > 7]
+    success = (cov["sweep_final"][order] > cfg.success_threshold).to(_F64)  # [lrs by prior, seeds]
+    monotone = (success.diff(dim=0) >= 0).all(0).to(_F64)  # per seed: success non-decreasing in prior mass
     comparisons = [
         seedwise("A(i) base+sparse: 0.01 - P(tau)", per_seed(0.01 - cov["base sparse"]), margin=0.0, margin_reason=r),
         seedwise("A(i) SFT+ +sparse: P(tau) - 0.9", per_seed(cov["sft+ sparse"] - 0.9), margin=0.0, margin_reason=r),
@@ -251,27 +249,30 @@ def run(cfg: Config) -> Result:
         seedwise(
             "A(iii) SFT- +sparse: 0.01 - P(tau)", per_seed(0.01 - cov["sft- sparse"]), margin=0.0, margin_reason=r
         ),
-        Comparison(
-            "A(iv) success monotone in prior (one 1-seed inversion allowed): 0.5 - excess inversions",
-            (0.5 - excess,),
-            margin=0.0,
-            margin_reason=r,
+        fraction_criterion(
+            "A(iv) success non-decreasing in prior mass across the sweep",
+            monotone,
+            fraction=7 / 8,
+            margin=0.5,
+            reason=r + "; 'one inversion of <= 1 seed' of 8 as a share of seeds",
         ),
     ]
-    # rates live on a 1/seeds grid: ">= x" is "> x - 1/(2 seeds)"
-    if low.numel():
-        comparisons.append(
-            Comparison("A(iv) 0.3 - max success where n P < 4", (0.3 - float(low.max()),), margin=0.0, margin_reason=r)
-        )
-    if high.numel():
-        comparisons.append(
-            Comparison(
-                "A(iv) min success where n P > 7 - 0.75",
-                (float(high.min()) - 0.75 + 0.5 / cfg.seeds,),
-                margin=0.0,
-                margin_reason=r,
-            )
-        )
+    final_sorted, hits_sorted = cov["sweep_final"][order], expected_hits[order]
+    for i, hits in enumerate(hits_sorted.tolist()):
+        if hits < 4:  # success rate <= 0.3: at least 70% of seeds fail
+            comparisons.append(
+                fraction_criterion(
+                    f"A(iv) n P = {hits:.3g} < 4: {cfg.success_threshold} - final P(tau)",
+                    cfg.success_threshold - final_sorted[i], fraction=0.7, reason=r + "; success rate <= 0.3",
+                )
+            )  # fmt: skip
+        elif hits > 7:  # success rate >= 0.75
+            comparisons.append(
+                fraction_criterion(
+                    f"A(iv) n P = {hits:.3g} > 7: final P(tau) - {cfg.success_threshold}",
+                    final_sorted[i] - cfg.success_threshold, fraction=0.75, reason=r + "; success rate >= 0.75",
+                )
+            )  # fmt: skip
     for key in ("domain0 held-out", "domain1", "domain2", "train prompts"):
         for regime in ("narrow", "broad"):
             metrics.append(Metric(f"B {regime}: delta accuracy {key}", per_seed(brd[f"{regime} dacc {key}"])))
@@ -331,26 +332,25 @@ def run(cfg: Config) -> Result:
             Metric(f"C p0={p0}: clipped share moving to the majority", (toward,), note="spec 0.65 / 0.64"),
             Metric(f"C p0={p0}: unclipped mean final p(A)", (float(unclipped.mean()),), note="spec 0.50 / 0.47"),
         ]
+        gap = abs(p0 - 0.5)
         comparisons += [
-            Comparison(
-                f"C p0={p0}: clipped median moves toward the majority",
-                (sign * float(clipped.median() - p0),),
-                margin=0.0,
-                margin_reason=r,
+            fraction_criterion(
+                f"C p0={p0}: clipped final p(A) moves toward the majority (median)",
+                sign * (clipped - p0), fraction=0.5, reason=r + "; median beyond p0 = more than half the seeds",
             ),
-            Comparison(
-                f"C p0={p0}: share toward the majority - 0.55",
-                (toward - 0.55 + 0.5 / cfg.choice_seeds,),
-                margin=0.0,
-                margin_reason=r,
+            fraction_criterion(
+                f"C p0={p0}: clipped final p(A) moves toward the majority",
+                sign * (clipped - p0), fraction=0.55, reason=r + "; >= 55% of seeds toward the majority",
             ),
-            Comparison(
-                f"C p0={p0}: unclipped mean closer to 0.5 than p0",
-                (abs(p0 - 0.5) - abs(float(unclipped.mean()) - 0.5),),
-                margin=0.0,
-                margin_reason=r,
+            mean_criterion(
+                f"C p0={p0}: unclipped mean final p(A) below 0.5 + |p0 - 0.5|",
+                0.5 + gap - unclipped, margin=0.0, reason=r + "; unclipped mean closer to 0.5 than p0",
             ),
-        ]
+            mean_criterion(
+                f"C p0={p0}: unclipped mean final p(A) above 0.5 - |p0 - 0.5|",
+                unclipped - (0.5 - gap), margin=0.0, reason=r + "; unclipped mean closer to 0.5 than p0",
+            ),
+        ]  # fmt: skip
     return Result(
         metrics=tuple(metrics),
         comparisons=tuple(comparisons),

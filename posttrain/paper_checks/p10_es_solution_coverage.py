@@ -13,7 +13,7 @@ the 2048-prompt test pool at T_eval = 0.6 with n = 32 evaluation samples: pass@k
 
 Simplifications: one-step responses, the answer entropy is the policy entropy (each path is its own
 answer), maj@inf treats every wrong path as a distinct wrong answer. "Every seed" and ">= 4/5 seeds"
-criteria are asserted as order statistics (``_seeds.py``). Not asserted (the paper's claim is not
+criteria are asserted as shares of seeds with the harness's binomial test (10/10 and 9/10 of 10 seeds). Not asserted (the paper's claim is not
 reachable in this toy, spec 10 §7): ES >= base at every k and bin0_ES <= bin0_base; reported.
 """
 

@@ -38,7 +38,7 @@ from posttrain.estimators.distill import opd_token_advantages
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks._criteria import mean_and_seeds
 from posttrain.paper_checks._seeds import seedwise
-from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result
+from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result, mean_criterion
 from posttrain.simulators import TabularSpec
 from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, node_log_probs, train_methods
 
@@ -54,7 +54,7 @@ PILOT = {  # spec 13 section 7 pilot (3 seeds)
 
 @dataclass(frozen=True)
 class Config:
-    seeds: int = 5
+    seeds: int = 10
     num_prompts: int = 32
     positions: int = 4
     styles: int = 3
@@ -159,8 +159,8 @@ def run(config: Config) -> Result:
     comps: list[Comparison] = [
         seedwise("p@1(OPD²) - p@1(OPD)", (main["opd2"] - main["opd"]).tolist(), margin=0.20, margin_reason=r),
         *mean_and_seeds("p@1(OPD²) - p@1(ExOPD)", main["opd2"] - main["exopd"], mean_margin=0.15, fraction=1.0, reason=r),
-        Comparison("p@1(OPD²) - p@1(no delta) (paired mean)", (float((main["opd2"] - main["no_delta"]).mean()),),
-                   margin=0.15, margin_reason=r),
+        mean_criterion("p@1(OPD²) - p@1(no delta) (paired mean)", main["opd2"] - main["no_delta"], margin=0.15,
+                       reason=r),
     ]  # fmt: skip
     for m in ("no_condition", "no_centering"):
         if m in main:

@@ -62,7 +62,7 @@ PAPER = {
 
 @dataclass(frozen=True)
 class Config:
-    seeds: int = 5
+    seeds: int = 10
     p: int = 11
     t0: int = 5
     kappa: float = 0.5

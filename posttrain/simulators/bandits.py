@@ -24,6 +24,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.simulators._base import Generatorish, Rollout, sample_categorical, uniform
+from posttrain.theory.es_coverage import exact_pass_at_k
 from posttrain.validate import check_finite, check_float, check_tensor
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "bandit_entropy",
     "bandit_kl",
     "expected_reward",
-    "pass_at_k_exact",
     "reward_gradient",
     "sample_arms",
     "success_prob",
@@ -98,19 +98,6 @@ def bandit_entropy(logits: Float[Tensor, "*seeds G A"]) -> Float[Tensor, "*seeds
     _check_logits(logits)
     logp = torch.log_softmax(logits, dim=-1)
     return -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
-
-
-def pass_at_k_exact(p: Float[Tensor, "*batch"], k: int) -> Float[Tensor, "*batch"]:
-    r"""Exact pass@k :math:`1 - (1-p)^k` of a policy with success probability ``p`` (``-expm1(k log1p(-p))``).
-
-    Example:
-        >>> round(float(pass_at_k_exact(torch.tensor(0.5), 3)), 4)
-        0.875
-    """
-    check_float("p", p)
-    if int(k) < 1:
-        raise DomainError(f"k: expected k >= 1, got {k!r}")
-    return -torch.expm1(int(k) * torch.log1p(-p.clamp(max=1.0)))
 
 
 def bandit_kl(
@@ -209,5 +196,5 @@ class SoftmaxBandit:
                 "entropy": bandit_entropy(params).mean(-1),
             }
             for k in self.pass_ks:
-                out[f"pass@{k}"] = pass_at_k_exact(p, k).mean(-1)
+                out[f"pass@{k}"] = exact_pass_at_k(p.clamp(max=1.0), k=k).mean(-1)  # a softmax sum may round above 1
         return out

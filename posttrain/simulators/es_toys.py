@@ -32,10 +32,8 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators.advantages import group_normalized_advantages
-from posttrain.estimators.aggregate import AggregationMode, aggregate
 from posttrain.estimators.es import evolution_strategy, perturbed_params, tensor_seed
-from posttrain.estimators.losses import clipped_ratio_loss
+from posttrain.simulators.loop import grpo_surrogate
 
 __all__ = [
     "ARMS",
@@ -166,13 +164,11 @@ def train_grpo(
                 [torch.multinomial(logp_all[s].exp(), group, replacement=True, generator=g) for s, g in enumerate(gens)]
             )  # [S, B, G]
             rewards = _take(env.correct, idx).gather(-1, actions).to(logp_all.dtype)  # [S, B, G]
-            adv = group_normalized_advantages(rewards.reshape(n_seeds * batch, group))
-        logp = logp_all.gather(-1, actions).reshape(n_seeds * batch * group, 1)  # [B', T=1]
-        mask = torch.ones_like(logp, dtype=torch.bool)
-        loss, _ = clipped_ratio_loss(logp, logp.detach(), adv.reshape(-1), mask)
+        logp = logp_all.gather(-1, actions).reshape(n_seeds, batch * group)
+        loss = grpo_surrogate(logp, rewards.reshape(n_seeds, batch * group), group=group)
         opt.zero_grad()
         # token mean per seed, summed over seeds: seeds share nothing (Adam is elementwise)
-        (aggregate(loss, mask, AggregationMode.TOKEN_MEAN) * n_seeds).backward()
+        loss.mean(-1).sum().backward()
         opt.step()
     return {n: t.detach() for n, t in p.items()}
 
@@ -292,7 +288,7 @@ def run_bandit_arms(
 class BanditSetup:
     """The shared settings of the bandit arms (spec 05/10 §7); paper-check configs extend it."""
 
-    seeds: int = 5
+    seeds: int = 10
     n_train: int = 4096
     n_test: int = 2048
     steps: int = 200

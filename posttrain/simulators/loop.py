@@ -31,9 +31,11 @@ from torch import Tensor
 
 from posttrain.errors import DomainError
 from posttrain.estimators import AggregationMode, get_advantage, get_policy_loss
+from posttrain.estimators.advantages import group_normalized_advantages
+from posttrain.estimators.losses import clipped_ratio_loss
 from posttrain.simulators._base import SeedRNG, ToyEnv
 
-__all__ = ["EstimatorBundle", "TrainLog", "aggregate_per_seed", "bundle", "train", "train_step"]
+__all__ = ["EstimatorBundle", "TrainLog", "aggregate_per_seed", "bundle", "grpo_surrogate", "train", "train_step"]
 
 AdvantageFn = Callable[[Tensor, Tensor], Tensor]
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Any]]
@@ -100,6 +102,53 @@ def aggregate_per_seed(
     if m is AggregationMode.SEQ_MEAN_TOKEN_SUM:
         return row_sum.sum(-1) / n_rows
     return row_sum.sum(-1) / (n_rows * values.shape[-1])
+
+
+def grpo_surrogate(
+    logp: Float[Tensor, "R N"],
+    rewards: Float[Tensor, "R N"] | None = None,
+    *,
+    group: int,
+    advantages: Float[Tensor, "R N"] | None = None,
+    mask: Bool[Tensor, "R N"] | None = None,
+) -> Float[Tensor, "R N"]:
+    r"""The on-policy GRPO loss of one toy step, per sampled action: :math:`-\hat A_i \log\pi(a_i)` in value.
+
+    ``logp[r, i]`` is the log-probability (with gradient) of action ``i`` of run ``r``; the ``N``
+    samples of a run are consecutive groups of ``group`` responses to one prompt. The advantages are
+    :func:`~posttrain.estimators.group_normalized_advantages` of each group's rewards (or the given
+    ``advantages``), and the loss is :func:`~posttrain.estimators.clipped_ratio_loss` at
+    ``logp_old = logp.detach()`` (ratio 1: the vanilla policy gradient). Reduce it per run with
+    ``.mean(-1)`` (token mean of one-action responses) and sum over runs, so each run gets exactly
+    its own gradient.
+
+    Args:
+        logp: ``[R, N]`` log-probabilities of the sampled actions, ``N`` a multiple of ``group``.
+        rewards: ``[R, N]`` rewards (ignored when ``advantages`` is given).
+        group: responses per prompt.
+        advantages: ``[R, N]`` precomputed advantages (e.g. with extra zero-advantage samples).
+        mask: ``[R, N]`` boolean, default all true.
+
+    Returns:
+        ``[R, N]`` per-action losses.
+
+    Example:
+        >>> logp = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+        >>> grpo_surrogate(logp, torch.tensor([[1.0, 0.0]]), group=2).round(decimals=3).tolist()
+        [[-0.707, 0.707]]
+    """
+    r, n = logp.shape
+    if advantages is None:
+        if rewards is None or rewards.shape != logp.shape or n % group:
+            got = None if rewards is None else list(rewards.shape)
+            raise DomainError(f"rewards: expected shape {[r, n]} with N a multiple of group={group}, got {got}")
+        with torch.no_grad():
+            advantages = group_normalized_advantages(rewards.to(logp.dtype).reshape(-1, group))
+    m = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask
+    loss, _ = clipped_ratio_loss(
+        logp.reshape(-1, 1), logp.detach().reshape(-1, 1), advantages.reshape(-1), m.reshape(-1, 1)
+    )
+    return loss.reshape(r, n)
 
 
 @dataclass(frozen=True, eq=False)

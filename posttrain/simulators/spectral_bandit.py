@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
 from posttrain.estimators.optim import adamw_init, adamw_update
 from posttrain.simulators._base import sample_categorical
+from posttrain.simulators.loop import grpo_surrogate
 
 __all__ = ["SpectralTask", "accuracy", "make_spectral_task", "sample_inputs", "train_grpo"]
 
@@ -95,7 +95,6 @@ def train_grpo(
     with Adam ascent from ``w0``, all runs at once; returns the trained ``W [R, m, n]``."""
     w = task.w0.clone()
     state = adamw_init([w])
-    r = w.shape[0]
     for _ in range(updates):
         x = sample_inputs(task.frame, batch, noise=noise, generator=generator)  # [R, batch, n]
         target = torch.argmax(x @ task.teacher.mT, dim=-1)
@@ -103,12 +102,10 @@ def train_grpo(
         logits = (x @ leaf.mT).repeat_interleave(group, dim=1)  # [R, batch*group, m]
         u = torch.rand(logits.shape[:-1], generator=generator, dtype=logits.dtype)
         act = sample_categorical(logits, u.unsqueeze(-1)).squeeze(-1)
-        logp = torch.log_softmax(logits, -1).gather(-1, act.unsqueeze(-1)).reshape(-1, 1)
+        logp = torch.log_softmax(logits, -1).gather(-1, act.unsqueeze(-1)).squeeze(-1)  # [R, batch*group]
         reward = (act == target.repeat_interleave(group, dim=1)).to(w.dtype)
-        adv = group_normalized_advantages(reward.reshape(-1, group)).reshape(-1)
-        mask = torch.ones_like(logp, dtype=torch.bool)
-        loss, _ = clipped_ratio_loss(logp, logp.detach(), adv, mask)
-        (grad,) = torch.autograd.grad(aggregate(loss, mask, "token-mean") * r, [leaf])
+        loss = grpo_surrogate(logp, reward, group=group)
+        (grad,) = torch.autograd.grad(loss.mean(-1).sum(), [leaf])
         with torch.no_grad():
             (up,), state = adamw_update([grad], state, [w], lr=lr, weight_decay=0.0)
             w = w + up

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.simulators._base import Generatorish, Rollout, log_softmax_small, sample_categorical, uniform
-from posttrain.simulators.bandits import pass_at_k_exact
+from posttrain.theory.es_coverage import exact_pass_at_k
 from posttrain.validate import check_float, check_tensor
 
 __all__ = [
@@ -325,5 +325,5 @@ class TabularEnv:
                 "entropy": -torch.special.xlogy(probs, probs).sum(-1).mean(-1),
             }
             for k in self.pass_ks:
-                out[f"pass@{k}"] = pass_at_k_exact(p, k).mean(-1)
+                out[f"pass@{k}"] = exact_pass_at_k(p.clamp(max=1.0), k=k).mean(-1)  # a softmax sum may round above 1
         return out

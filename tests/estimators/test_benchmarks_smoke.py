@@ -14,10 +14,12 @@ from benchmarks.__main__ import main, parse, run, table
 def test_benchmark_runner_small() -> None:
     rows = run(parse(["--small"]))
     names = [r.name for r in rows]
-    assert any(n.startswith("group advantages") for n in names)
+    assert any(n.startswith("GRPO advantages end to end") for n in names)
     assert any(n.startswith("clipped loss + token-mean") for n in names)
+    assert any(r.reference.startswith("floor: 17 B/token") for r in rows)
     for r in rows:
-        assert r.ours_s > 0 and r.reference_s > 0 and math.isfinite(r.ratio)
+        anchored = r.reference != "-"  # a row without its anchor (verl not importable) says so
+        assert r.ours_s >= 0 and (not anchored or (r.reference_s > 0 and math.isfinite(r.ratio)))
         assert (r.met is None) == (r.target is None)
     assert table(rows).row_count == len(rows)
 

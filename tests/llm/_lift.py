@@ -78,7 +78,7 @@ def sis_test_by_hand(trainer: Any, rollout: Any, behaviour: list[Any], update: i
     """
     import torch
 
-    from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, token_in_topk
+    from posttrain.estimators.sis import sis_accept, sis_acceptance_prob
     from posttrain.llm.methods.algorithm import update_seed
     from posttrain.llm.methods.sis import response_log_probs
 
@@ -88,7 +88,7 @@ def sis_test_by_hand(trainer: Any, rollout: Any, behaviour: list[Any], update: i
         top = full.topk(full.shape[-1], dim=-1)
         behaviour.append((top.indices, top.values))
     idx, old = behaviour[0]
-    a = sis_acceptance_prob(logp, rollout.logp_old, full.gather(-1, idx), old, token_in_topk(rollout.response_ids, idx))
+    a = sis_acceptance_prob(logp, rollout.logp_old, full.gather(-1, idx), old)  # the released test
     seed = update_seed(trainer.cfg.seed, trainer.step, update, trainer.rank)
     u = torch.rand(a.shape, generator=torch.Generator().manual_seed(seed), dtype=a.dtype)
     return logp, sis_accept(a, u) & rollout.mask

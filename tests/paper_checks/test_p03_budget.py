@@ -1,7 +1,7 @@
 """Paper check 03 (near-optimal budget region): contract and determinism; full verdict (slow).
 
-The smoke verdict is not asserted: the width criteria are single numbers from seed-mean curves and
-sit on grid steps (e.g. ``w(L) - w(M)`` is 0 at the full config), so 8 seeds can flip them.
+The smoke verdict is not asserted: the widths sit on grid steps, and 6 smoke seeds are too few for
+the harness's tests; the full-config verdict is compared with the recorded run (slow).
 """
 
 from __future__ import annotations

@@ -44,3 +44,28 @@ def test_closed_gate_is_grpo_with_base_group() -> None:
     grpo4 = _train(cfg, env, "grpo4")
     assert torch.equal(rail["rollouts"], torch.full_like(rail["rollouts"], 4.0))
     torch.testing.assert_close(rail["success"], grpo4["success"], rtol=0, atol=1e-12)
+
+
+def test_group_is_the_base_rollouts_plus_every_active_branch() -> None:
+    """The regression of two b = 2 interventions (slots 6-7) whose second branch lost its last rollout."""
+    cfg = dataclasses.replace(TINY, seeds=3)
+    env = _Env(cfg)
+    for method in ("rail", "heuristic"):
+        out = _train(cfg, env, method)
+        assert torch.equal(out["group_size"], out["planned"]), method
+    rail = _train(cfg, env, "rail")
+    two = rail["interventions"] == 2
+    assert bool(two.any())  # the case is exercised
+    assert bool((rail["group_size"][two] == 4 + 2 + 2).all())  # two interventions fit only as b = 2 + 2
+
+
+def test_each_seed_is_its_own_run() -> None:
+    """Adding seeds changes no seed's trajectory: one controller and one generator set per seed."""
+    small, large = dataclasses.replace(TINY, seeds=2), dataclasses.replace(TINY, seeds=3)
+    for method in ("rail", "grpo8"):
+        a, b = _train(small, _Env(small), method), _train(large, _Env(large), method)
+        for key in a:
+            assert torch.equal(
+                a[key][..., :2] if a[key].ndim == 1 else a[key][:, :2],
+                b[key][..., :2] if b[key].ndim == 1 else b[key][:, :2],
+            ), (method, key)

@@ -22,6 +22,15 @@ class TestP18(CheckContract):
         # plug-in/uniform ~0.5 against a 0.75 threshold: robust at 10 draws x 10 replicates
         assert verdict_of(smoke_result) is Verdict.REPRODUCED
 
+    def test_unresolvable_ordering_is_reported_with_its_numbers(self, smoke_result: Result) -> None:
+        """Criterion 3's uniform vs pi0-pair pair is shown, not asserted, and the notes give both numbers."""
+        rows = [c for c in smoke_result.comparisons if "predicted order" in c.name]
+        assert len(rows) == 3
+        reported = [c for c in rows if not c.asserted]
+        assert len(reported) == 1 and "plug-in" not in reported[0].name
+        assert all("plug-in" in c.name for c in rows if c.asserted)
+        assert "predicted n*gap difference" in smoke_result.notes and "standard error" in smoke_result.notes
+
 
 @pytest.mark.slow
 def test_n_gap_tends_to_the_trace_on_a_small_instance() -> None:

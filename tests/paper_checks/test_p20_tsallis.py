@@ -52,3 +52,18 @@ def test_stochastic_is_deterministic_and_seeds_pair() -> None:
     for m in two.metrics:
         if m.name.startswith("escape steps"):
             assert m.per_seed == first[m.name][:2]
+
+
+def test_stochastic_sets_the_flow_model_beside_the_measurement() -> None:
+    """Every escape-time row has the flow model's time next to it; the scaling in K is reported, in the overview."""
+    cfg = dataclasses.replace(p20.StochasticConfig(), arms=(16, 64), seeds=2, max_steps=400)
+    result = p20.run_stochastic(cfg)
+    metrics = {m.name: m.per_seed for m in result.metrics}
+    for k in cfg.arms:
+        want = p20.th.escape_time(1.0 / k, 0.75, model="softmax", K=k)
+        assert metrics[f"flow-model time GARL q=0.75 K={k}"] == (want,)
+        ratio = p20.th.escape_time(1.0 / k, 0.0, model="softmax", K=k) / want
+        assert metrics[f"flow-model T_RLOO / T_GARL q=0.75 K={k}"] == (ratio,)
+    growth = [c for c in result.comparisons if c.name.startswith("log growth of")]
+    assert len(growth) == 1 and not growth[0].asserted and growth[0].headline
+    assert "Flow model (theory)" in result.notes

@@ -13,29 +13,24 @@ from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators.es import (
     NOISE_CHUNK,
     EsPopulation,
-    RewardShaping,
     antithetic_gradient,
     antithetic_population,
-    apply_es_step_,
     centered_rank_rewards,
     es_direction,
     es_gradient,
     es_step,
     evolution_strategy,
     noise_chunks,
-    perturb_,
     perturbed_params,
-    population_forward,
     population_noise,
     relative_drift,
-    restore_,
-    roundtrip_,
     seeded_noise,
     tensor_seed,
     threshold_update,
     update_sparsity,
     zscore_rewards,
 )
+from posttrain.llm.es.params import apply_es_step_, perturb_, population_forward, restore_, roundtrip_
 
 seeds = st.integers(0, 2**31 - 1)
 F64 = torch.float64
@@ -142,8 +137,8 @@ def test_update_invariances(seed: int, n: int, a: float, b: float) -> None:
     perm = torch.randperm(n, generator=g)
     for k, v in es_step(params, EsPopulation(pop.seeds[perm], pop.signs[perm]), r[perm], lr=0.3).items():
         torch.testing.assert_close(v, base[k], rtol=0, atol=1e-12)
-    for k, v in es_step(params, pop, r.exp(), lr=0.3, shaping=RewardShaping.CENTERED_RANKS).items():
-        by_name = es_step(params, pop, r, lr=0.3, shaping="centered_ranks")  # type: ignore[arg-type]  # a str is accepted
+    for k, v in es_step(params, pop, r.exp(), lr=0.3, shaping="centered_ranks").items():
+        by_name = es_step(params, pop, r, lr=0.3, shaping="centered_ranks")
         torch.testing.assert_close(v, by_name[k], rtol=0, atol=1e-12)
 
 

@@ -68,6 +68,20 @@ def test_gap_factor_properties(m: torch.Tensor, c: float, alpha: float) -> None:
     assert torch.allclose(gap_factors(c * m, present, alpha=alpha), f, rtol=1e-9)
 
 
+@given(token_tensors((2,), low=0.01, high=2.0), st.floats(0.001, 3.0))
+def test_a_domain_with_zero_gap_gets_the_floor(m: torch.Tensor, alpha: float) -> None:
+    """clip(0^alpha) = 0.05 for every alpha > 0 (a floored ratio (1e-12)^alpha escapes the floor for alpha < ~0.11)."""
+    mags = torch.cat([torch.zeros(1, dtype=F64), m])
+    f = gap_factors(mags, torch.ones(3, dtype=torch.bool), alpha=alpha)
+    assert f[0].item() == 0.05
+    assert gap_factors(mags, torch.ones(3, dtype=torch.bool), alpha=0.0)[0].item() == 1.0
+
+
+def test_negative_gap_magnitude_is_rejected() -> None:
+    with pytest.raises(DomainError, match="magnitudes"):
+        gap_factors(torch.tensor([0.1, -0.2], dtype=F64), torch.ones(2, dtype=torch.bool))
+
+
 @given(domain_batches(), st.floats(0.01, 1.0))
 def test_raising_a_domain_gap_never_lowers_its_relative_weight(
     batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], bump: float

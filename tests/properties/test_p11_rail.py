@@ -167,3 +167,47 @@ def test_fit_rejects_bad_input_naming_the_argument() -> None:
             controller_fit(*args)
     with pytest.raises(DomainError, match="delta"):
         controller_fit(x, acts, y, w, 3, delta=0.0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000))
+def test_batched_controller_is_one_controller_per_run(seed: int) -> None:
+    """Runs batched on a leading axis fit, window and predict exactly as separate controllers."""
+    g = torch.Generator().manual_seed(seed)
+    runs, d, a, steps, m, window = 3, 3, 4, 6, 8, 20
+    batched = controller_init(a, d, runs=(runs,))
+    single = [controller_init(a, d) for _ in range(runs)]
+    for step in range(steps):
+        x = torch.rand(runs, m, d, generator=g, dtype=torch.float64)
+        acts = torch.randint(0, a, (runs, m), generator=g)
+        y = torch.randn(runs, m, generator=g, dtype=torch.float64)
+        keep = torch.rand(runs, m, generator=g) < 0.7  # runs add different numbers of traces
+        batched = controller_update(batched, x, acts, y, step, valid=keep, window=window, ridge=1e-3)
+        single = [
+            controller_update(c, x[r][keep[r]], acts[r][keep[r]], y[r][keep[r]], step, window=window, ridge=1e-3)
+            for r, c in enumerate(single)
+        ]
+    probe = torch.rand(runs, 5, d, generator=g, dtype=torch.float64)
+    pred = controller_predict(batched, probe)
+    for r, c in enumerate(single):
+        torch.testing.assert_close(batched.coef[r], c.coef, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(pred[r], controller_predict(c, probe[r]), rtol=1e-9, atol=1e-12)
+        assert int(batched.valid[r].sum()) == c.features.shape[0] <= window
+
+
+def test_planner_draws_of_a_run_depend_only_on_its_generator() -> None:
+    pred = torch.zeros(3, 4, 5, 4, dtype=torch.float64)  # every gain 0: the gate is closed, exploration decides
+    costs = torch.tensor([2.0, 4.0, 2.0, 4.0], dtype=torch.float64)
+    valid = torch.ones(3, 4, 5, dtype=torch.bool)
+
+    def plan(seeds: list[int]):  # type: ignore[no-untyped-def]
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        n = len(seeds)
+        return plan_interventions(
+            pred[:n], costs, valid[:n], budget=4, max_per_prompt=2, explore_prob=0.5, generator=gens
+        )
+
+    three, two = plan([1, 2, 3]), plan([1, 2])
+    for field in ("state", "action", "active", "explored"):
+        assert torch.equal(getattr(three, field)[:2], getattr(two, field)), field
+    assert bool(three.explored.any())

@@ -16,6 +16,7 @@ from posttrain.estimators.sis import (
     sis_accept,
     sis_acceptance_prob,
     sis_divergence,
+    sis_gspo_loss,
     sis_logp_old,
     sis_loss,
     sis_rejection_test,
@@ -45,9 +46,10 @@ class Batch:
         self.mask[:, 0] = True
         self.u = torch.rand(b, t, generator=g, dtype=dtype)
 
-    def accept_prob(self, logp: torch.Tensor | None = None) -> torch.Tensor:
+    def accept_prob(self, logp: torch.Tensor | None = None, *, topk_rule: bool = False) -> torch.Tensor:
+        """Released acceptance (no top-K rule); ``topk_rule`` gives the earlier reconstruction."""
         lp = self.logp if logp is None else logp
-        return sis_acceptance_prob(lp, self.logp_old, self.cur_topk, self.old_topk, self.in_topk)
+        return sis_acceptance_prob(lp, self.logp_old, self.cur_topk, self.old_topk, self.in_topk if topk_rule else None)
 
 
 batches = st.builds(
@@ -90,15 +92,31 @@ def test_no_acceptance_is_clipped_token_is(x: Batch) -> None:
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
-@given(x=batches, zeros=st.booleans())
-def test_one_pass_rejection_test_equals_probability_then_accept(x: Batch, zeros: bool) -> None:
+@given(x=batches, zeros=st.booleans(), topk_rule=st.booleans())
+def test_one_pass_rejection_test_equals_probability_then_accept(x: Batch, zeros: bool, topk_rule: bool) -> None:
     """``sis_rejection_test`` == ``sis_accept(sis_acceptance_prob(...), u)`` exactly, also for u = 0 draws."""
     u = torch.where(torch.arange(x.u.numel()).reshape(x.u.shape) % 2 == 0, 0.0, x.u) if zeros else x.u
-    want = sis_accept(x.accept_prob(), u)
-    got = sis_rejection_test(x.logp, x.logp_old, x.cur_topk, x.old_topk, x.in_topk, u)
+    in_topk = x.in_topk if topk_rule else None
+    want = sis_accept(x.accept_prob(topk_rule=topk_rule), u)
+    got = sis_rejection_test(x.logp, x.logp_old, x.cur_topk, x.old_topk, in_topk, u)
     assert torch.equal(got, want)
     none = sis_rejection_test(x.logp, x.logp_old, x.cur_topk[..., :0], x.old_topk[..., :0], x.in_topk, u)
-    assert not bool(none.any())  # K = 0: nothing is accepted
+    assert not bool(none.any())  # K = 0 with the top-K rule: nothing is accepted
+
+
+def test_released_test_accepts_tokens_outside_the_top_k() -> None:
+    """The released test has no membership rule: outside the top-K, a = min(1, rho/M) like any other token."""
+    x = Batch(21, 64, 8, 6, k=2, drift=0.8)
+    released, topk = x.accept_prob(), x.accept_prob(topk_rule=True)
+    outside = ~x.in_topk
+    assert bool(outside.any())
+    assert bool((topk[outside] == 0).all()) and bool((released[outside] > 0).all())
+    log_m = (x.cur_topk - x.old_topk).amax(-1)
+    want = torch.exp((x.logp - x.logp_old - log_m).clamp(max=0.0))
+    torch.testing.assert_close(released[outside], want[outside], rtol=1e-12, atol=0)
+    assert torch.equal(released[x.in_topk], topk[x.in_topk])  # inside the top-K both forms agree
+    m = x.mask
+    assert float(released[m].mean()) > float(topk[m].mean())  # a higher accept rate
 
 
 @given(x=batches, dual=st.sampled_from([None, 3.0]), token_adv=st.booleans())
@@ -132,12 +150,13 @@ def test_weight_is_one_or_rho_with_score_gradient(x: Batch) -> None:
 
 @given(x=batches)
 def test_acceptance_probability_range_and_limits(x: Batch) -> None:
-    a = x.accept_prob()
-    assert bool(((a >= 0) & (a <= 1)).all())
-    assert bool((a[~x.in_topk] == 0).all())
+    a, a_topk = x.accept_prob(), x.accept_prob(topk_rule=True)
+    assert bool(((a >= 0) & (a <= 1)).all()) and bool(((a_topk >= 0) & (a_topk <= 1)).all())
+    assert bool((a_topk[~x.in_topk] == 0).all())
     log_m = (x.cur_topk - x.old_topk).amax(-1)
-    above = x.in_topk & (x.logp - x.logp_old >= log_m)
-    assert bool((a[above] == 1).all())
+    above = x.logp - x.logp_old >= log_m
+    assert bool((a[above] == 1).all()) and bool((a_topk[above & x.in_topk] == 1).all())
+    assert bool((a[x.logp == x.logp_old] == 1).all())  # a log-ratio of exactly 0 is always accepted
 
 
 def test_exact_rejection_sampling_recovers_pi() -> None:
@@ -170,14 +189,36 @@ def test_expected_weight_matches_closed_form() -> None:
     assert bool(((mean - closed).abs() <= 4 * se + 1e-12).all())
 
 
-@given(x=batches)
-def test_divergence_shrinks_and_bounds_sequence_gap(x: Batch) -> None:
+@given(x=batches, clip=st.sampled_from([(0.2, 0.2), (0.2, 0.28), (1.0, 0.5)]))
+def test_divergence_is_the_released_per_sequence_mean(x: Batch, clip: tuple[float, float]) -> None:
+    """D per sequence, by a loop over tokens: accepted |log rho| in full, rejected |log rho| clipped to the PPO
+    range, divided by the length; D_sis keeps only the rejected part (so D_sis <= D_orig)."""
     acc = sis_accept(x.accept_prob(), x.u)
-    d_orig, d_sis = sis_divergence(x.logp, x.logp_old, acc, x.mask)
+    lo, hi = clip
+    d_orig, d_sis = sis_divergence(x.logp, x.logp_old, acc, x.mask, clip_low=lo, clip_high=hi)
+    lr = (x.logp - x.logp_old).tolist()
+    for b in range(x.mask.shape[0]):
+        tot_o = tot_s = 0.0
+        n = int(x.mask[b].sum())
+        for t in range(x.mask.shape[1]):
+            if not x.mask[b, t]:
+                continue
+            c = abs(min(max(lr[b][t], np.log(1 - lo) if lo < 1 else -np.inf), np.log(1 + hi)))
+            tot_o += abs(lr[b][t]) if acc[b, t] else c
+            tot_s += 0.0 if acc[b, t] else c
+        assert abs(float(d_orig[b]) - tot_o / max(n, 1)) < 1e-12
+        assert abs(float(d_sis[b]) - tot_s / max(n, 1)) < 1e-12
     assert bool((d_sis <= d_orig).all())
+
+
+@given(x=batches)
+def test_unclipped_sums_bound_the_sequence_gap(x: Batch) -> None:
+    """The theory's quantity (unclipped sums of |log rho|): |prod rho_tilde - 1| <= e^{D_sis} - 1 <= e^{D_orig} - 1."""
+    acc = sis_accept(x.accept_prob(), x.u)
+    abs_lr = torch.where(x.mask, (x.logp - x.logp_old).abs(), torch.zeros_like(x.logp))
+    d_orig, d_sis = abs_lr.sum(-1), torch.where(acc, torch.zeros_like(abs_lr), abs_lr).sum(-1)
     log_w = torch.where(x.mask & ~acc, x.logp - x.logp_old, torch.zeros_like(x.logp)).sum(-1)
-    gap_sis = (log_w.exp() - 1).abs()  # |prod_t rho_tilde_t - 1|
-    assert bool((gap_sis <= torch.expm1(d_sis) + 1e-12).all())
+    assert bool(((log_w.exp() - 1).abs() <= torch.expm1(d_sis) + 1e-12).all())
     assert bool((torch.expm1(d_sis) <= torch.expm1(d_orig)).all())
 
 
@@ -254,3 +295,48 @@ def test_float32_matches_float64(seed: int) -> None:
     l64 = sis_loss(x.logp, x.logp_old, x.adv, x.mask, acc)[0]
     l32 = sis_loss(x.logp.float(), x.logp_old.float(), x.adv.float(), x.mask, acc)[0]
     np.testing.assert_allclose(l32.numpy(), l64.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@given(x=batches)
+def test_sis_gspo_limits(x: Batch) -> None:
+    """No token accepted: exactly GSPO. Every token accepted: ratio 1 everywhere, the on-policy GRPO loss."""
+    none = torch.zeros_like(x.mask)
+    got = _loss_and_grad(sis_gspo_loss, x.logp, x.logp_old, x.adv, x.mask, none)
+    ref = _loss_and_grad(gspo_loss, x.logp, x.logp_old, x.adv, x.mask)
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-12, atol=1e-15)
+    every = torch.ones_like(x.mask)
+    got = _loss_and_grad(sis_gspo_loss, x.logp, x.logp_old, x.adv, x.mask, every)
+    ref = _loss_and_grad(clipped_ratio_loss, x.logp, x.logp.detach(), x.adv, x.mask)
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=0)
+
+
+@given(x=batches)
+def test_sis_gspo_accepted_tokens_keep_the_score_gradient(x: Batch) -> None:
+    """Released GSPO + SIS: an accepted token's loss is -A e^{l - sg(l)} whatever its sequence's ratio (no clip);
+    the rejected tokens see the sequence ratio of the rejected tokens only."""
+    acc = sis_accept(x.accept_prob(), x.u) & x.mask
+    lp = x.logp.clone().requires_grad_(True)
+    loss, diag = sis_gspo_loss(lp, x.logp_old, x.adv, x.mask, acc)
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    adv = x.adv.unsqueeze(-1).expand_as(lp)
+    torch.testing.assert_close(loss.detach()[acc], -adv[acc])
+    torch.testing.assert_close(grad[acc], -adv[acc])  # d(-A e^{l - sg(l)})/dl = -A, never clipped to 0
+    rej = x.mask & ~acc
+    lr = torch.where(rej, x.logp - x.logp_old, torch.zeros_like(x.logp))
+    s_rej = torch.exp(lr.sum(-1) / rej.sum(-1).clamp(min=1)).unsqueeze(-1).expand_as(lp)
+    want = torch.maximum(-adv * s_rej, -adv * s_rej.clamp(1 - 3e-4, 1 + 4e-4))
+    torch.testing.assert_close(loss.detach()[rej], want[rej], rtol=1e-9, atol=1e-12)
+    assert bool((loss.detach()[~x.mask] == 0).all())
+    assert diag.d_sis is not None and diag.d_orig is not None and bool((diag.d_sis <= diag.d_orig).all())
+
+
+def test_earlier_gspo_composition_drops_accepted_gradients() -> None:
+    """The difference from the earlier reconstruction: gspo_loss(logp, sis_logp_old(...)) clips accepted tokens too."""
+    x = Batch(4, 16, 6, 5, k=5, drift=0.6)
+    acc = sis_accept(x.accept_prob(), x.u) & x.mask
+    earlier = _loss_and_grad(gspo_loss, x.logp, sis_logp_old(x.logp, x.logp_old, acc), x.adv, x.mask)[1]
+    released = _loss_and_grad(sis_gspo_loss, x.logp, x.logp_old, x.adv, x.mask, acc)[1]
+    assert bool((released[acc] != 0).all())
+    assert bool((earlier[acc] == 0).any())  # accepted tokens of sequences whose ratio left GSPO's tiny clip range

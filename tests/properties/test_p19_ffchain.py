@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError
-from posttrain.llm.tiny import ALPHABET
+from posttrain.llm.tools.tiny import ALPHABET
 from posttrain.simulators.ffchain import (
     ChainProblem,
     Symbols,

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 
+from posttrain.errors import DomainError
 from posttrain.estimators import group_normalized_advantages
 from posttrain.simulators import SeedRNG
 from posttrain.simulators.bandits import SoftmaxBandit
@@ -85,3 +87,28 @@ def test_aggregate_per_seed_equals_aggregate_on_each_seed() -> None:
         batched = aggregate_per_seed(values, mask, mode)
         looped = torch.stack([aggregate(values[s], mask[s], mode) for s in range(3)])
         torch.testing.assert_close(batched, looped, rtol=1e-12, atol=1e-12)
+
+
+def test_grpo_surrogate_is_the_group_normalised_policy_gradient() -> None:
+    from posttrain.estimators import clipped_ratio_loss
+    from posttrain.simulators.loop import grpo_surrogate
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(
+        3, 12, dtype=torch.float64, generator=gen, requires_grad=True
+    )  # R=3 runs, N=12 = 3 groups of 4
+    logp = torch.log_softmax(logits, -1)
+    rewards = (torch.rand(3, 12, generator=gen) > 0.5).to(torch.float64)
+    loss = grpo_surrogate(logp, rewards, group=4)
+    adv = group_normalized_advantages(rewards.reshape(-1, 4)).reshape(3, 12)
+    assert torch.allclose(loss, -adv)  # ratio 1: the loss value is -A
+    ref, _ = clipped_ratio_loss(logp.reshape(-1, 1), logp.detach().reshape(-1, 1), adv.reshape(-1),
+                                torch.ones(36, 1, dtype=torch.bool))  # fmt: skip
+    assert torch.equal(loss.reshape(-1, 1), ref)
+    (g,) = torch.autograd.grad(loss.mean(-1).sum(), logits, retain_graph=True)
+    (g_ref,) = torch.autograd.grad(-(adv * logp).mean(-1).sum(), logits)  # REINFORCE with GRPO advantages
+    assert torch.allclose(g, g_ref)
+    given = grpo_surrogate(logp, advantages=adv, group=4)
+    assert torch.equal(given, loss)
+    with pytest.raises(DomainError, match="rewards"):
+        grpo_surrogate(logp, rewards[:, :10], group=4)

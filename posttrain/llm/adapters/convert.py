@@ -180,5 +180,3 @@ def grouped_token_advantages(
     flat = torch.empty_like(scores)
     flat[order] = advantage(grouped).reshape(-1).to(scores.dtype)
     return broadcast_sequence_advantages(flat, mask)
-
-

@@ -16,8 +16,10 @@ deadline), built and warmed once per process by :func:`scorer` and safe from any
 
 from __future__ import annotations
 
+import math
 import random
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,7 +44,13 @@ DEFAULT_VERIFIER = "math"
 TASK_PREFIX = "posttrain/"
 """``data_source`` prefix of rows scored by one of our synthetic tasks."""
 
-RewardFn = Callable[..., list[float]]
+RewardFn = Callable[..., list[float | None]]
+
+
+def _judged(score: float) -> float | None:
+    """TRL's "no reward" for a verdict not reached (NaN from the verifier): ``None`` is excluded from the group."""
+    return None if math.isnan(score) else score
+
 
 _LOCK = threading.Lock()
 _SCORERS: dict[tuple[str, tuple[tuple[str, Any], ...]], Callable[[str, str], float]] = {}
@@ -111,7 +119,15 @@ def compute_score(
         problem = Problem(str(info.get("prompt", "")), str(ground_truth), tuple(int(x) for x in info.get("data") or ()))
         return float(task.reward(problem, solution_str))
     name = info.get("verifier") or (data_source if data_source in VERIFIERS else DEFAULT_VERIFIER)
-    return float(scorer(str(name))(solution_str, str(ground_truth)))
+    score = float(scorer(str(name))(solution_str, str(ground_truth)))
+    if math.isnan(score):  # verl has no per-sample exclusion: 0, but never silently
+        warnings.warn(
+            f"compute_score: the {name!r} verifier's verdict was not judged (timeout or no worker); scored 0.0",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return 0.0
+    return score
 
 
 def task_reward(name: str, **options: Any) -> RewardFn:
@@ -126,10 +142,10 @@ def task_reward(name: str, **options: Any) -> RewardFn:
 
     def reward(
         prompts: list[Any], completions: list[Any], answer: list[Any], data: list[Any] | None = None, **_: Any
-    ) -> list[float]:
+    ) -> list[float | None]:
         datas = data if data is not None else [()] * len(prompts)
         return [
-            float(task.reward(Problem(text_of(p), str(a), tuple(int(x) for x in d or ())), text_of(c)))
+            _judged(float(task.reward(Problem(text_of(p), str(a), tuple(int(x) for x in d or ())), text_of(c))))
             for p, c, a, d in zip(prompts, completions, answer, datas, strict=True)
         ]
 
@@ -145,9 +161,9 @@ def verifier_reward(name: str = DEFAULT_VERIFIER, **options: Any) -> RewardFn:
         [1.0, 0.0]
     """
 
-    def reward(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float]:
+    def reward(prompts: list[Any], completions: list[Any], answer: list[Any], **_: Any) -> list[float | None]:
         score = scorer(name, **options)
-        return [float(score(text_of(c), str(a))) for c, a in zip(completions, answer, strict=True)]
+        return [_judged(float(score(text_of(c), str(a)))) for c, a in zip(completions, answer, strict=True)]
 
     reward.__name__ = f"posttrain_{name}"
     return reward

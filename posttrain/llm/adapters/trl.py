@@ -56,7 +56,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError
 from posttrain.estimators import ADVANTAGES, POLICY_LOSSES, AggregationMode, aggregate, k3_kl, masked_mean, masked_sum
-from posttrain.estimators.sis import sis_logp_old, sis_rejection_test, token_in_topk
+from posttrain.estimators.sis import sis_logp_old, sis_rejection_test
 
 __all__ = [
     "GUARDED_ARGS",
@@ -213,8 +213,8 @@ def sis_effective_logp_old(
 ) -> tuple[Tensor, Tensor]:
     r"""SIS inside TRL: the rejection test, then :func:`~posttrain.estimators.sis.sis_logp_old`.
 
-    Accept token :math:`t` with probability :math:`\mathbb 1[y_t\in\mathrm{topK}_\mu]\min(1, \rho_t/M_t)`
-    (:func:`~posttrain.estimators.sis.sis_rejection_test`, the trainer hook's one-pass test; ``u`` the
+    Accept token :math:`t` with probability :math:`\min(1, \rho_t/M_t)`, the released test (no top-K
+    membership rule; :func:`~posttrain.estimators.sis.sis_rejection_test`, the trainer hook's one-pass test; ``u`` the
     uniforms); returns
     ``(logp_old_eff [B, T], accepted [B, T])``, so any ratio loss on ``logp_old_eff`` is its SIS version.
 
@@ -225,8 +225,7 @@ def sis_effective_logp_old(
         u: ``[B, T]`` Uniform(0, 1) draws.
     """
     cur_topk = cur_logp_full.gather(-1, topk_ids)
-    in_topk = token_in_topk(completion_ids, topk_ids)
-    accepted = sis_rejection_test(logp, logp_old, cur_topk, old_topk_logp, in_topk, u) & mask
+    accepted = sis_rejection_test(logp, logp_old, cur_topk, old_topk_logp, None, u) & mask  # completion_ids unused
     return sis_logp_old(logp, logp_old, accepted), accepted
 
 
@@ -335,15 +334,17 @@ def grpo_config_class() -> type:
 
         def __post_init__(self) -> None:
             super().__post_init__()  # parses JSON strings of the _VALID_DICT_FIELDS
+            options: dict[str, dict[str, Any] | None] = {}
             for name in ("advantage_options", "loss_options"):
                 value = getattr(self, name)
                 if value is not None and not isinstance(value, dict):
                     raise DomainError(f"{name}: expected a dict (or a JSON object string), got {value!r}")
+                options[name] = value
             if self.sis_top_k is not None and int(self.sis_top_k) < 1:
                 raise DomainError(f"sis_top_k: expected a positive number of behaviour tokens, got {self.sis_top_k!r}")
             self.aggregation = AggregationMode.parse(self.aggregation).value
-            resolve_advantage(self.advantage, self.advantage_options)  # unknown names fail here, not mid-run
-            resolve_policy_loss(self.policy_loss, self.loss_options)
+            resolve_advantage(self.advantage, options["advantage_options"])  # unknown names fail here, not mid-run
+            resolve_policy_loss(self.policy_loss, options["loss_options"])
 
     return PosttrainGRPOConfig
 
@@ -356,7 +357,7 @@ def grpo_trainer_class() -> type:
     for hook in _HOOKS:
         if not hasattr(GRPOTrainer, hook):
             raise DomainError(f"trl: this TRL's GRPOTrainer lacks {hook}; the adapter is tested with TRL 1.16")
-    config_class = grpo_config_class()
+    config_class: Any = grpo_config_class()
 
     class PosttrainGRPOTrainer(GRPOTrainer):  # type: ignore[misc, valid-type]
         """``GRPOTrainer`` with our ``advantage``, ``policy_loss`` and ``aggregation`` from ``args`` (a ``PosttrainGRPOConfig``)."""

@@ -72,12 +72,14 @@ class EsTrainConfig:
 
 
 class EsStepLog(NamedTuple):
-    """Per-step diagnostics: population reward mean/std and whether the step was a no-op (all equal)."""
+    """Per-step diagnostics: population reward mean/std, whether the step was a no-op (all equal), and the
+    members whose fitness could not be computed (NaN: given the mean of the others, zero weight under z-score shaping)."""
 
     step: int
     reward_mean: float
     reward_std: float
     noop: bool
+    unjudged: int = 0
 
 
 def trainable_params(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -126,11 +128,15 @@ def es_train(
                 roundtrip_(params, seed, sigma=config.sigma, sign=sign)
         if world > 1:
             dist.all_reduce(rewards, op=dist.ReduceOp.SUM, group=group)
+        bad = ~torch.isfinite(rewards)
+        if bool(bad.any()):  # a fitness that could not be computed: the mean of the others (zero weight in the update)
+            rewards[bad] = rewards[~bad].mean() if bool((~bad).any()) else 0.0
         apply_es_step_(params, pop, rewards, lr=config.lr, shaping=config.shaping)
         state = state._replace(step=state.step + 1)
         log = EsStepLog(
-            step, float(rewards.mean()), float(rewards.std(correction=0)), bool((rewards == rewards[0]).all())
-        )
+            step, float(rewards.mean()), float(rewards.std(correction=0)), bool((rewards == rewards[0]).all()),
+            int(bad.sum()),
+        )  # fmt: skip
         logs.append(log)
         if on_step is not None:
             on_step(log)
@@ -177,6 +183,8 @@ def generation_fitness(
             for start in range(0, len(prompts), size):
                 out = engine.generate(prompts[start : start + size], n=1, seed=step, greedy=True)
                 texts += decode_responses(tokenizer, out.response_ids, out.mask)
-        return sum(task.reward(p, t) for p, t in zip(batch, texts, strict=True)) / len(batch)
+        scores = [task.reward(p, t) for p, t in zip(batch, texts, strict=True)]
+        judged = [r for r in scores if r == r]  # NaN: a verdict not reached, left out (all NaN: NaN)
+        return sum(judged) / len(judged) if judged else float("nan")
 
     return fitness

@@ -8,17 +8,24 @@ SIS is a bundle hook, not a trainer: :func:`sis_algorithm` (``algorithm.method: 
   the behaviour top-K token ids and log-probs at every response position (``[B, T, K]``) as the
   hook's explicit state;
 - at every update, one no-grad forward of the current policy gives its log-probs of the sampled
-  tokens and at the behaviour top-K ids; the rejection test
-  (:func:`~posttrain.estimators.sis.sis_rejection_test`, fresh uniforms in the log-probs' dtype, float32
-  or wider, from the update's seed) decides which tokens are accepted, and the update's ``logp_old`` is :func:`~posttrain.estimators.sis.sis_logp_old` (the current log-prob on accepted
-  tokens). The bundle's own loss (PPO-clip, GSPO, ...) then sees a ratio of 1 with gradient
-  :math:`\\nabla\\log\\pi_\\theta` on accepted tokens and the ordinary ratio on rejected ones.
+  tokens and at the behaviour top-K ids; the rejection test as released
+  (:func:`~posttrain.estimators.sis.sis_rejection_test` without the top-K membership rule: a token
+  outside the behaviour's top-K is accepted with probability :math:`\\min(1, \\rho/M)` like any other;
+  fresh uniforms in the log-probs' dtype, float32 or wider, from the update's seed) decides which
+  tokens are accepted, and the update's ``logp_old`` is :func:`~posttrain.estimators.sis.sis_logp_old`
+  (the current log-prob on accepted tokens). The bundle's own loss then sees a ratio of 1 with
+  gradient :math:`\\nabla\\log\\pi_\\theta` on accepted tokens and the ordinary ratio on rejected ones:
+  for PPO-clip this is GRPO + SIS exactly as released. For GSPO it is the earlier reconstruction
+  (the sequence ratio averaged over all tokens, every token clipped), not the released GSPO + SIS
+  (:func:`~posttrain.estimators.sis.sis_gspo_loss`, sequence ratio over the rejected tokens, accepted
+  ones unclipped), which needs the accepted mask inside the loss.
 
 Cost: one extra forward per optimizer step (logits of the response positions only). With
 micro-batching the gradient forward may differ from the no-grad one in the last bits, so an
 accepted token's ratio is 1 up to rounding (always inside any clip range). Logged:
-``sis/accept_rate`` and ``sis/d_orig``, ``sis/d_sis`` (mean cumulative absolute log-ratio per
-response), averaged over the step's updates.
+``sis/accept_rate`` and ``sis/d_orig``, ``sis/d_sis`` (the released per-response mean absolute
+log-ratio, rejected tokens' clipped to the PPO range 0.2 / 0.2:
+:func:`~posttrain.estimators.sis.sis_divergence`), averaged over the step's updates.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError
 from posttrain.estimators import masked_mean
-from posttrain.estimators.sis import sis_divergence, sis_logp_old, sis_rejection_test, token_in_topk
+from posttrain.estimators.sis import sis_divergence, sis_logp_old, sis_rejection_test
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import vocab_log_softmax
@@ -70,8 +77,7 @@ def sis_before_update(
         logp_old = batch.logp_old.to(logp.dtype)
         gen = torch.Generator().manual_seed(ctx.seed)
         u = torch.rand(logp.shape, generator=gen, dtype=logp.dtype)  # float32 or wider (logp is)
-        in_topk = token_in_topk(batch.response_ids, idx)
-        accepted = sis_rejection_test(logp, logp_old, cur.gather(-1, idx), old_topk, in_topk, u) & batch.mask
+        accepted = sis_rejection_test(logp, logp_old, cur.gather(-1, idx), old_topk, None, u) & batch.mask
         d_orig, d_sis = sis_divergence(logp, logp_old, accepted, batch.mask)
         metrics = {
             "sis/accept_rate": masked_mean(accepted.to(logp.dtype), batch.mask),

@@ -60,6 +60,10 @@ class RolloutBatch:
             ``topk_ids`` under the behaviour policy, the reference (teacher-base) and the teacher, or None.
         prompt_features: ``[B, H]`` float features of each row's prompt (FlowRL's log-partition input: the
             mean of the prompt's last hidden states), or None.
+        judged: ``[B]`` boolean, False where the reward could not be computed (a verifier's verdict not
+            reached; ``rewards`` holds a finite placeholder there), or None (all judged). A group with an
+            unjudged sample is left out of the loss (:meth:`loss_mask`): its advantages depend on every
+            reward of the group.
 
     Raises:
         ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
@@ -90,6 +94,7 @@ class RolloutBatch:
     topk_logp_ref: Float[Tensor, "B T K"] | None = None
     topk_logp_teacher: Float[Tensor, "B T K"] | None = None
     prompt_features: Float[Tensor, "B H"] | None = None
+    judged: Bool[Tensor, " B"] | None = None
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -124,6 +129,8 @@ class RolloutBatch:
             if self.prompt_features.shape[0] != b:
                 raise ShapeError(f"prompt_features: expected {b} rows, got {list(self.prompt_features.shape)}")
             check_finite("prompt_features", self.prompt_features)
+        if self.judged is not None:
+            check_mask("judged", self.judged, (b,))
 
     def _check_topk(self, bt: tuple[int, ...]) -> None:
         """``topk_ids`` and the ``[B, T, K]`` log-prob fields: ranks, dtypes, one shared ``[B, T, K]``, finite on the mask."""
@@ -158,6 +165,18 @@ class RolloutBatch:
     def num_groups(self) -> int:
         """G, the number of prompts."""
         return self.batch_size // self.group_size
+
+    def judged_groups(self) -> Bool[Tensor, " G"]:
+        """True for the groups whose K rewards were all computed (all groups when ``judged`` is None)."""
+        if self.judged is None:
+            return torch.ones(self.num_groups, dtype=torch.bool, device=self.mask.device)
+        return self.judged.reshape(self.num_groups, self.group_size).all(dim=1)
+
+    def loss_mask(self) -> Bool[Tensor, "B T"]:
+        """``mask`` without the rows of groups that have an unjudged sample (the positions the loss averages)."""
+        if self.judged is None:
+            return self.mask
+        return self.mask & self.judged_groups().repeat_interleave(self.group_size).unsqueeze(-1)
 
     def grouped_rewards(self) -> Float[Tensor, "G K"]:
         """Rewards as ``[G, K]``."""

@@ -10,6 +10,7 @@ characters of :data:`posttrain.llm.tools.tiny.ALPHABET`.
   equals the target (``"3*5+7"``; several answers).
 - ``multiple``: ``"m7<50:"`` → any positive multiple of 7 below 50 (several answers).
 - ``jsonl``: ``{"prompt": ..., "answer": ...}`` lines from a file, scored by a named verifier.
+- ``dataset``: rows of a local JSON / JSONL / parquet file through ``datasets``, with a column mapping.
 - ``chat_addition``: ``"What is 37+48? Answer with just the number."`` → a reply whose last number
   is 85: a question in words for pretrained chat models (not limited to the tiny alphabet).
 
@@ -31,7 +32,7 @@ from posttrain.errors import DomainError
 from posttrain.llm.rollout.verifiers import VERIFIERS, last_number
 from posttrain.registry import registry
 
-__all__ = ["TASKS", "Problem", "Task", "evaluate_expression", "make_task"]
+__all__ = ["DATASET_FORMATS", "TASKS", "DatasetTask", "Problem", "Task", "evaluate_expression", "make_task"]
 
 TASKS = registry("task")
 
@@ -43,6 +44,8 @@ class Problem:
     prompt: str
     answer: str
     data: tuple[int, ...] = ()
+    columns: tuple[tuple[str, Any], ...] = ()
+    """Extra dataset columns ``(name, value)`` (a reward function gets them as keyword lists)."""
 
 
 class Task(Protocol):
@@ -55,7 +58,8 @@ class Task(Protocol):
     def solution(self, problem: Problem, rng: random.Random) -> str: ...
 
 
-_TOKEN = re.compile(r"\d+|[+\-*]")
+_TOKEN = re.compile(r"[0-9]+|[+\-*]")  # ASCII digits only (see posttrain.llm.rollout.verifiers)
+_ANSWER = re.compile(r"[0-9]{1,6}")
 
 
 def evaluate_expression(text: str, *, max_len: int = 64) -> tuple[int, list[int]] | None:
@@ -150,7 +154,7 @@ class Multiple:
 
     def reward(self, problem: Problem, completion: str) -> float:
         text = completion.strip()
-        if not text.isdigit() or len(text) > 6:
+        if not _ANSWER.fullmatch(text):  # str.isdigit() would accept '²' and '①', which int() rejects
             return 0.0
         a, b = problem.data
         return float(0 < int(text) < b and int(text) % a == 0)
@@ -221,11 +225,113 @@ class JsonlTask:
         return problem.answer
 
 
+DATASET_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+"""``dataset`` task: the ``datasets`` builder of each file suffix (``format`` overrides it: json, jsonl, parquet)."""
+
+
+def _load_rows(where: str, path: str, fmt: str | None) -> list[dict[str, Any]]:
+    """Rows of a local JSON / JSONL / parquet file through ``datasets.load_dataset`` (no hub access)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DomainError(f"{where}: no file at {path!r}")
+    builder = {"jsonl": "json", "json": "json", "parquet": "parquet"}.get(fmt or "") or DATASET_FORMATS.get(p.suffix)
+    if builder is None:
+        raise DomainError(
+            f"{where}: cannot tell the format of {path!r}; set data.options.format to json, jsonl or parquet"
+        )
+    import datasets
+
+    try:
+        table = datasets.load_dataset(builder, data_files=str(p), split="train")
+    except Exception as exc:  # a malformed file: the library's message, under the key
+        raise DomainError(f"{where}: cannot read {path!r} as {builder} ({type(exc).__name__}: {exc})") from exc
+    return list(table)
+
+
+@dataclass(frozen=True)
+class DatasetTask:
+    """Prompts (and answers) from a local JSON / JSONL / parquet file read with ``datasets``.
+
+    ``prompt`` / ``answer``: the column names (a column mapping). Every other column reaches a custom
+    reward function (``data.reward``) as a keyword list; without one, completions are scored by the
+    registered ``verifier`` against the answer column. Held-out problems (evaluation) come from
+    ``eval_path`` when set, else from the last ``eval_fraction`` of the rows (those then never train);
+    with neither, evaluation samples the training rows.
+    """
+
+    path: str
+    format: str | None = None
+    prompt: str = "prompt"
+    answer: str = "answer"
+    verifier: str = "numeric"
+    eval_path: str | None = None
+    eval_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.format is not None and self.format not in ("json", "jsonl", "parquet"):
+            raise DomainError(f"data.options.format: unknown name {self.format!r}; valid: json, jsonl, parquet")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise DomainError(f"data.options.eval_fraction: expected a number in [0, 1), got {self.eval_fraction}")
+        if self.eval_path is not None and self.eval_fraction:
+            raise DomainError("data.options.eval_fraction: set eval_path or eval_fraction, not both")
+        rows = self._problems("data.options.path", self.path)
+        cut = len(rows) - int(len(rows) * self.eval_fraction)
+        if cut < 1 or (self.eval_fraction and cut == len(rows)):
+            raise DomainError(
+                f"data.options.eval_fraction: {self.eval_fraction} of {len(rows)} rows leaves no training or no "
+                "evaluation row"
+            )
+        held = self._problems("data.options.eval_path", self.eval_path) if self.eval_path else rows[cut:]
+        object.__setattr__(self, "_train", rows[:cut])
+        object.__setattr__(self, "_held", held or rows[:cut])
+        factory: Any = VERIFIERS.get(self.verifier)
+        object.__setattr__(self, "_score", factory())
+
+    def _problems(self, where: str, path: str) -> list[Problem]:
+        rows = _load_rows(where, path, self.format)
+        if not rows:
+            raise DomainError(f"{where}: {path!r} has no rows")
+        for key, column in (("prompt", self.prompt), ("answer", self.answer)):
+            if column not in rows[0]:
+                raise DomainError(
+                    f"data.options.{key}: no column {column!r} in {path!r}; columns: {', '.join(rows[0])}"
+                )
+        extra = [c for c in rows[0] if c != self.prompt]
+        return [
+            Problem(str(r[self.prompt]), "" if r[self.answer] is None else str(r[self.answer]),
+                    columns=tuple((c, r[c]) for c in extra))
+            for r in rows
+        ]  # fmt: skip
+
+    def sample(self, rng: random.Random, n: int) -> list[Problem]:
+        problems: list[Problem] = self._train  # type: ignore[attr-defined]
+        return [problems[rng.randrange(len(problems))] for _ in range(n)]
+
+    def held_out(self, rng: random.Random, n: int) -> list[Problem]:
+        """Evaluation problems (from ``eval_path`` or the held-out fraction)."""
+        problems: list[Problem] = self._held  # type: ignore[attr-defined]
+        return [problems[rng.randrange(len(problems))] for _ in range(n)]
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        score: Callable[[str, str], float] = self._score  # type: ignore[attr-defined]
+        return float(score(completion, problem.answer))
+
+    def solution(self, problem: Problem, rng: random.Random) -> str:
+        return problem.answer
+
+
 TASKS.add("addition", Addition, summary="Multi-digit addition a+b= (exact answer).")
 TASKS.add("countdown", Countdown, summary="Reach a target with + - * using each number once (several answers).")
 TASKS.add("multiple", Multiple, summary="Name a positive multiple of a below b (several answers).")
-TASKS.add("chat_addition", ChatAddition, summary="'What is a+b?' in words for chat models; the reply's last number is scored.")
+TASKS.add(
+    "chat_addition", ChatAddition, summary="'What is a+b?' in words for chat models; the reply's last number is scored."
+)
 TASKS.add("jsonl", JsonlTask, summary="Prompt/answer pairs from a JSONL file, scored by a named verifier.")
+TASKS.add(
+    "dataset",
+    DatasetTask,
+    summary="Prompts from a local JSON/JSONL/parquet file (datasets), a column mapping; a verifier or data.reward scores.",
+)
 
 
 def make_task(name: str, **options: Any) -> Task:

@@ -47,6 +47,9 @@ def score_responses(
 ) -> tuple[list[float], list[str]]:
     """Task rewards and texts of group-major responses, ``n`` per problem (row ``i`` answers ``problems[i // n]``)."""
     texts = decode_responses(tokenizer, response_ids, mask)
+    batched = getattr(task, "rewards", None)  # a batch reward function (TRL's signature), e.g. data.reward
+    if batched is not None:
+        return [float(r) for r in batched([problems[i // n] for i in range(len(texts))], texts)], texts
     return [float(task.reward(problems[i // n], t)) for i, t in enumerate(texts)], texts
 
 

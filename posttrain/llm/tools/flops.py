@@ -12,7 +12,7 @@ both may carry a ``flops:`` section that sets or overrides the accounting's fiel
       d_model: 0
       prompts_per_step: 16      # G (llm: data.prompts_per_step)
       group_size: 8             # K (llm: rollout.group_size)
-      prompt_tokens: 64         # mean prompt length T_p
+      prompt_tokens: 64         # mean prompt length T_p (llm: measured on 256 of the task's prompts)
       response_tokens: 8        # mean response length T_r (llm: rollout.max_new_tokens, an upper bound)
       trained_per_prompt: null  # rollouts per prompt entering the loss (null: all K)
       steps: 40                 # U (llm: optim.steps)
@@ -25,17 +25,20 @@ both may carry a ``flops:`` section that sets or overrides the accounting's fiel
 
 The llm config's tiny model (``model.path: null``) gives ``N`` from its architecture (attention with
 grouped KV heads + gated MLP, embeddings excluded); a hub/local model needs ``flops.n_params``.
+``T_p`` of an llm config is the mean token count of 256 of its task's prompts (seeded by ``seed``):
+characters for the tiny model's one-token-per-character tokenizer, the tokenizer of a local
+``model.path`` directory otherwise; a hub id needs ``flops.prompt_tokens``.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from posttrain.errors import DomainError
 from posttrain.llm.config import config_from_dict, from_mapping, parse_scalar
@@ -71,6 +74,29 @@ class FlopsPlan:
     reward: dict[str, Any] = field(default_factory=dict)
 
 
+PROMPT_SAMPLE = 256
+"""Prompts of the task whose mean token count is ``T_p`` for an llm config."""
+
+
+def _mean_prompt_tokens(cfg: Any) -> float | None:
+    """Mean prompt length in tokens of :data:`PROMPT_SAMPLE` task prompts, or None when no tokenizer is at hand."""
+    from posttrain.llm.rollout.tasks import make_task
+
+    prompts = [
+        p.prompt for p in make_task(cfg.data.task, **cfg.data.options).sample(random.Random(cfg.seed), PROMPT_SAMPLE)
+    ]
+    if cfg.model.path is None:  # the tiny model's tokenizer: one token per character, no special tokens
+        return sum(len(p) for p in prompts) / len(prompts)
+    if not Path(cfg.model.path).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    from posttrain.llm.rollout.text import encode_prompts
+
+    ids = encode_prompts(AutoTokenizer.from_pretrained(cfg.model.path), prompts, chat_template=cfg.model.chat_template)
+    return sum(len(x) for x in ids) / len(ids)
+
+
 def _from_llm(raw: Mapping[str, Any]) -> dict[str, Any]:
     cfg = config_from_dict(raw)
     out: dict[str, Any] = {
@@ -81,6 +107,9 @@ def _from_llm(raw: Mapping[str, Any]) -> dict[str, Any]:
         "epochs": cfg.optim.updates_per_batch,
         "ref_forward": cfg.algorithm.kl is not None,
     }
+    measured = _mean_prompt_tokens(cfg)
+    if measured is not None:
+        out["prompt_tokens"] = measured
     if cfg.model.path is None:
         tiny = TinyConfig(**cfg.model.tiny)
         d, kv = tiny.hidden_size, tiny.hidden_size * tiny.num_key_value_heads // tiny.num_attention_heads
@@ -100,11 +129,17 @@ def plan_from_mapping(raw: Mapping[str, Any]) -> FlopsPlan:
     own = dict(raw.get("flops") or {})
     rest = {k: v for k, v in raw.items() if k != "flops"}
     values: dict[str, Any] = {}
-    if any(k in LLM_SECTIONS for k in rest):
+    llm = any(k in LLM_SECTIONS for k in rest)
+    if llm:
         values.update(_from_llm(rest))
     elif rest:
         own = {**rest, **own}
     values.update(own)
+    if llm and "prompt_tokens" not in values:
+        raise DomainError(
+            f"flops.prompt_tokens: model.path {rest['model']['path']!r} is not a local directory, so its tokenizer cannot "
+            "measure the prompts; set flops.prompt_tokens (mean prompt length in tokens)"
+        )
     plan = from_mapping(FlopsPlan, values, "flops")
     reward = {k: parse_scalar(f"flops.reward.{k}", v, float) if k == "n_params" else v for k, v in plan.reward.items()}
     plan = replace(plan, reward=reward)
@@ -114,8 +149,10 @@ def plan_from_mapping(raw: Mapping[str, Any]) -> FlopsPlan:
 
 
 def load_plan(path: str | Path) -> FlopsPlan:
-    """Read a YAML file with the safe loader and build its plan."""
-    return plan_from_mapping(yaml.safe_load(Path(path).read_text()) or {})
+    """Read a YAML file with the safe loader and build its plan (a syntax error names the file and line)."""
+    from posttrain.llm.config import read_yaml
+
+    return plan_from_mapping(read_yaml(path) or {})
 
 
 def plan_flops(plan: FlopsPlan) -> tuple[FlopSplit, FlopSplit]:

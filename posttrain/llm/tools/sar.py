@@ -11,6 +11,10 @@ Precision (spec 17, section 9): RL deltas are ~1e-4..1e-3 of the weights, so cas
 round the edit away; the report gives, per saved dtype, the fraction of target entries whose
 saved value equals the saved base value although the edit changed them, and the relative error
 of the realised delta. float16 is refused where a value exceeds 65504.
+
+The output directory may not be the base or a tuned directory (the inputs would be overwritten).
+Randomized SVD draws from its own seeded stream per tensor (``seed``), not the global RNG, so the same
+inputs give the same bytes.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ def edit_checkpoint(
     save_dtype: str = "auto",
     randomized: bool = True,
     keep_tuned_non_targets: bool = False,
+    seed: int = 0,
 ) -> EditReport:
     """Edit (one tuned dir) or merge (several) checkpoints onto ``base_dir``; write ``out_dir``.
 
@@ -111,6 +116,7 @@ def edit_checkpoint(
         randomized: randomized SVD for :math:`\\Delta_k` (the first target is also done exactly and
             the relative difference reported, as spec 17 recommends).
         keep_tuned_non_targets: take non-target tensors from the first tuned model (ablation).
+        seed: the randomized SVD's seed (each target tensor reseeds, so its result does not depend on the others).
 
     Returns:
         An :class:`EditReport` (also written to ``out_dir/sar_report.json``).
@@ -123,6 +129,10 @@ def edit_checkpoint(
         raise ShapeError("tuned_dirs: expected at least one tuned checkpoint directory")
     if save_dtype != "auto" and save_dtype not in _DTYPES:
         raise DomainError(f"save_dtype: expected auto or one of {sorted(_DTYPES)}, got {save_dtype!r}")
+    out_resolved = Path(out_dir).resolve()
+    for name, d in [("base_dir", base_dir), *((f"tuned_dirs[{i}]", t) for i, t in enumerate(tuned_dirs))]:
+        if Path(d).resolve() == out_resolved:
+            raise DomainError(f"out_dir: {out_dir} is {name}; writing there would overwrite the input weights")
     alphas = [1.0] * len(tuned_dirs) if alphas is None else list(alphas)
     if len(alphas) != len(tuned_dirs):
         raise ShapeError(f"alphas: expected {len(tuned_dirs)} values (one per tuned dir), got {len(alphas)}")
@@ -154,7 +164,9 @@ def edit_checkpoint(
         m, n = w0.shape
         k = sar_rank(delta_fraction, m, n)
         sar_kwargs: dict[str, Any] = dict(k=k, base_rank=base_rank, mask=mask, randomized=randomized)
-        edit = _combine(method, w0, deltas, alphas, sar_kwargs)
+        with torch.random.fork_rng(devices=[]):  # svd_lowrank draws from the global RNG: a private, seeded one
+            torch.manual_seed(seed)
+            edit = _combine(method, w0, deltas, alphas, sar_kwargs)
         if method == "sar" and randomized and report.randomized_check_rel_error is None:
             exact = sum(
                 (

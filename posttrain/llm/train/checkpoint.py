@@ -1,11 +1,14 @@
-"""Atomic checkpoints: a directory written under a temporary name, then renamed.
+"""Atomic, checksummed checkpoints: a directory written under a temporary name, then renamed.
 
 ``<run>/checkpoints/step_000010/`` holds ``model/`` (``save_pretrained`` model + tokenizer, so
-``posttrain eval`` and ``from_pretrained`` load it directly) and ``state.pt`` (optimizer,
-scheduler, RNG states, step, data position). Everything is first written to
-``.tmp-step_000010-<pid>/`` in the same directory and renamed with ``os.replace`` once complete,
-so a process killed mid-write leaves only a temporary directory, which :func:`latest_checkpoint`
-ignores and the next save removes.
+``posttrain eval`` and ``from_pretrained`` load it directly), ``state.pt`` (optimizer,
+scheduler, RNG states, step, data position) and ``checksums.json`` (size and SHA-256 of every file).
+Everything is first written to ``.tmp-step_000010-<pid>/`` in the same directory and renamed with
+``os.replace`` once complete (:func:`posttrain.llm.train.rundir.atomic_directory`), so a process
+killed mid-write leaves only a temporary directory, which :func:`latest_checkpoint` ignores and the
+next save removes. :func:`intact_checkpoint` is the newest checkpoint whose files match their
+checksums; a corrupt one (a flipped byte, a truncated file) is set aside as ``.corrupt-step_*`` with a
+warning and the previous one is used.
 
 :func:`save_training_state` and :func:`load_training_state` add what a trainer needs on top: the
 optimizer (under FSDP2 the gathered full weights and full optimizer state, written by rank 0; on
@@ -24,25 +27,23 @@ from typing import Any
 
 import torch
 
+from posttrain.llm.policy import load_policy_weights, save_policy
+from posttrain.llm.train.rundir import atomic_directory, atomic_write_text, verify_checksums, warn
+
 __all__ = [
     "as_tuple",
+    "complete_checkpoints",
+    "intact_checkpoint",
     "latest_checkpoint",
     "load_state",
     "load_training_state",
     "save_checkpoint",
     "save_training_state",
+    "set_aside",
     "truncate_metrics",
 ]
 
 _NAME = re.compile(r"^step_(\d{6,})$")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(
@@ -65,30 +66,53 @@ def save_checkpoint(
     for stale in root.glob(".tmp-step_*"):
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step_{step:06d}"
-    tmp = root / f".tmp-step_{step:06d}-{os.getpid()}"
-    model.save_pretrained(tmp / "model", state_dict=weights)
-    tokenizer.save_pretrained(tmp / "model")
-    with open(tmp / "state.pt", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
+    with atomic_directory(final) as tmp:  # checksums written, files fsync'd, then renamed
+        save_policy(model, tmp / "model", weights=weights)  # a LoRA policy: its adapter (or merged weights)
+        tokenizer.save_pretrained(tmp / "model")
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)
     done = sorted(p for p in root.iterdir() if _NAME.match(p.name))
     for old in done[: max(len(done) - keep, 0)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``root`` (temporary directories ignored)."""
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under ``root`` by increasing step (temporary and set-aside directories ignored)."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.iterdir() if _NAME.match(p.name) and (p / "state.pt").is_file())
+        return []
+    return sorted(p for p in root.iterdir() if _NAME.match(p.name) and (p / "state.pt").is_file())
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step under ``root`` (temporary directories ignored)."""
+    done = complete_checkpoints(root)
     return done[-1] if done else None
+
+
+def set_aside(checkpoint: str | Path, reason: str) -> None:
+    """Rename a corrupt checkpoint to ``.corrupt-<name>`` (kept for inspection, never loaded or pruned) and warn."""
+    ckpt = Path(checkpoint)
+    aside = ckpt.parent / f".corrupt-{ckpt.name}"
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(ckpt, aside)
+    warn(f"checkpoint {ckpt.name} is corrupt ({reason}); set aside as {aside.name}, falling back to the previous one")
+
+
+def intact_checkpoint(root: str | Path, *, set_aside_corrupt: bool = False) -> Path | None:
+    """The newest complete checkpoint whose files match ``checksums.json``; newer corrupt ones are skipped with a
+    warning (and renamed by :func:`set_aside` when ``set_aside_corrupt``)."""
+    for ckpt in reversed(complete_checkpoints(root)):
+        reason = verify_checksums(ckpt)
+        if reason is None:
+            return ckpt
+        if set_aside_corrupt:
+            set_aside(ckpt, reason)
+        else:
+            warn(f"checkpoint {ckpt.name} is corrupt ({reason}); falling back to the previous one")
+    return None
 
 
 def load_state(checkpoint: str | Path) -> dict[str, Any]:
@@ -151,7 +175,7 @@ def load_training_state(
         weights.update(load_file(str(shard)))
     policy = getattr(model, "module", model)
     sharded = is_sharded(model)
-    result = load_full_state_dict(model, weights) if sharded else policy.load_state_dict(weights, strict=False)
+    result = load_full_state_dict(model, weights) if sharded else load_policy_weights(policy, ckpt / "model", weights)
     tied = {"lm_head.weight"} if getattr(policy.config, "tie_word_embeddings", False) else set()
     if result.unexpected_keys or set(result.missing_keys) - tied:
         raise ValueError(f"checkpoint {ckpt} does not match the model: {result}")
@@ -166,11 +190,27 @@ def load_training_state(
 
 
 def truncate_metrics(path: str | Path, step: int) -> None:
-    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again)."""
+    """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again), atomically.
+
+    A line that is not JSON (the last write of a killed run, cut short) is dropped with a warning.
+    """
     path = Path(path)
-    if path.exists():
-        kept = [ln for ln in path.read_text().splitlines() if json.loads(ln).get("step", 0) <= step]
-        path.write_text("".join(f"{ln}\n" for ln in kept))
+    if not path.exists():
+        return
+    kept, torn = [], 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            torn += 1
+            continue
+        if row.get("step", 0) <= step:
+            kept.append(line)
+    if torn:
+        warn(f"{path}: dropped {torn} unreadable line(s) (a write cut short by a kill)")
+    atomic_write_text(path, "".join(f"{ln}\n" for ln in kept))
 
 
 def as_tuple(x: Any) -> Any:

@@ -20,14 +20,33 @@ from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.tasks import Task
 from posttrain.llm.rollout.text import encode_prompts, score_responses
 
-__all__ = ["HELD_OUT_OFFSET", "evaluate", "held_out_problems"]
+__all__ = ["HELD_OUT_OFFSET", "eval_metric_names", "evaluate", "held_out_problems"]
 
 HELD_OUT_OFFSET = 1_000_003
 
 
+def eval_metric_names(ks: Sequence[int] = (1,)) -> list[str]:
+    """The keys of :func:`evaluate`'s result for ``ks`` (the trainer's validation uses ``ks=(1,)``:
+    ``logging.eval_metric`` must be one of these).
+
+    Example:
+        >>> eval_metric_names((1, 4))[:4]
+        ['pass@1', 'pass@4', 'mean@1', 'mean@4']
+    """
+    return [
+        *(f"pass@{k}" for k in ks),
+        *(f"mean@{k}" for k in ks),
+        "reward_mean",
+        "greedy_accuracy",
+        "response_len",
+        "entropy",
+    ]
+
+
 def held_out_problems(task: Task, seed: int, n: int) -> list[Any]:
     """``n`` evaluation problems, disjoint in RNG stream from training."""
-    return task.sample(random.Random(seed + HELD_OUT_OFFSET), n)
+    held_out = getattr(task, "held_out", None)  # a dataset task's evaluation split
+    return (held_out or task.sample)(random.Random(seed + HELD_OUT_OFFSET), n)  # type: ignore[no-any-return]
 
 
 def evaluate(

@@ -12,7 +12,7 @@ from posttrain.llm.train.muon import MuonWithAdamW
 
 __all__ = ["MODEL_OPTIMIZERS", "make_optimizer", "make_scheduler", "module_parameters"]
 
-MODEL_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"MuonWithAdamW": MuonWithAdamW}
+MODEL_OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {"MuonWithAdamW": MuonWithAdamW}
 """Optimizers built from the model (they need parameter names): ``optim.name`` -> class."""
 
 
@@ -24,7 +24,7 @@ def make_optimizer(
     matrices, AdamW on the rest; ``options: {adamw_lr: ...}``). The trainable parameters of ``modules``
     (an algorithm's own, e.g. a learned log-partition) form a second parameter group."""
     if cfg.optim.name in MODEL_OPTIMIZERS:
-        optimizer: torch.optim.Optimizer = MODEL_OPTIMIZERS[cfg.optim.name](model, lr=cfg.optim.lr, **cfg.optim.options)  # type: ignore[call-arg]
+        optimizer: torch.optim.Optimizer = MODEL_OPTIMIZERS[cfg.optim.name](model, lr=cfg.optim.lr, **cfg.optim.options)
     else:
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = getattr(torch.optim, cfg.optim.name)(params, lr=cfg.optim.lr, **cfg.optim.options)

@@ -7,6 +7,7 @@ tokens carry no loss), AdamW, a fixed number of steps, problems drawn from ``ran
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,8 +32,12 @@ def sft_warmup(
     seed: int = 0,
     chat_template: bool = False,
     system: str | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` in place for ``steps`` steps of supervised fine-tuning; return the losses."""
+    """Train ``model`` in place for ``steps`` steps of supervised fine-tuning; return the losses.
+
+    ``on_step(step, loss)`` is called after each step (``step`` from 1), e.g. to show progress.
+    """
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     device = next(model.parameters()).device
@@ -55,4 +60,6 @@ def sft_warmup(
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     return losses

@@ -1,6 +1,8 @@
 """The trainer's per-step log: the ``metrics.jsonl`` row and its RACE FLOP accounting.
 
-Metrics per step: ``step``, ``reward_mean``, ``reward_std``, ``kl`` (mean estimator value to the
+Metrics per step: ``step``, ``reward_mean``, ``reward_std`` (over the groups whose rewards were all
+computed), ``unjudged`` (samples whose reward could not be computed), ``excluded_groups`` (groups left
+out of the loss for it), ``kl`` (mean estimator value to the
 reference model, null without a KL term), ``entropy`` (mean token entropy of the sampled
 responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``, ``clip_frac`` and ``policy_kl``
 (last update), ``logp_gap`` (mean ``|logp_old - logp|`` at the first, on-policy update: the
@@ -70,18 +72,22 @@ def step_metrics(
     stats: dict[str, float],
     *,
     logp_gap: float | None,
-    grad_norm: float,
+    grad_norm: float | None,
     lr: float,
     gen_time_s: float,
     step_time_s: float,
     flops: FlopSplit,
     extra: dict[str, float],
 ) -> dict[str, Any]:
-    """The ``metrics.jsonl`` row of a step; ``stats`` are the last update's loss statistics."""
+    """The ``metrics.jsonl`` row of a step; ``stats`` are the last update's loss statistics (None: no update)."""
+    judged = batch.judged_groups().repeat_interleave(batch.group_size)
+    rewards = batch.rewards[judged]
     return {
         "step": step,
-        "reward_mean": float(batch.rewards.mean()),
-        "reward_std": float(batch.rewards.std()) if batch.batch_size > 1 else 0.0,
+        "reward_mean": float(rewards.mean()) if rewards.numel() else None,
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "unjudged": int((~batch.judged).sum()) if batch.judged is not None else 0,
+        "excluded_groups": int((~batch.judged_groups()).sum()),
         "kl": stats.get("kl"),
         "entropy": stats["entropy"],
         "response_len": float(batch.mask.sum(dim=1).float().mean()),

@@ -16,6 +16,12 @@ Simplifications (stated, not hidden):
 - A step is: one rollout batch of G prompts x K samples, then ``updates_per_batch`` optimizer
   steps on the whole batch, each accumulating gradients over micro-batches of whole groups.
   Its metrics are listed in :mod:`posttrain.llm.train.step_log`.
+- A reward that could not be computed (NaN from a verifier: no verdict within its budget) is never
+  scored 0: its group is left out of the loss (``RolloutBatch.judged`` / ``loss_mask``; the group's K
+  rewards become a placeholder 0 so its advantages are finite) and counted in the step's
+  ``unjudged`` / ``excluded_groups`` metrics; a step with no judged group makes no optimizer update.
+  Rewards computed by rollout stages (RAIL branches) that come back NaN are scored 0 and counted in
+  ``unjudged_stage``; stages that rebuild the batch (replay, RAIL) do not carry ``judged`` over.
 - Data-parallel (``torch.distributed``, DDP or FSDP2, :mod:`posttrain.llm.train.parallel`): every rank samples
   the same G problems and keeps its contiguous share of the groups; the aggregation normaliser is
   all-reduced so the loss and the averaged gradient equal one process on the global batch.
@@ -54,6 +60,7 @@ from posttrain.llm.train.parallel import (
     rank_and_world,
     synced_engine,
 )
+from posttrain.llm.train.rundir import CHECKSUMS
 from posttrain.llm.train.step_log import policy_cost, step_flops, step_metrics
 
 __all__ = ["Trainer", "make_optimizer", "make_scheduler", "policy_cost"]
@@ -108,6 +115,9 @@ class Trainer:
             )
         self.context: StepContext | None = None  # the current step's, for the stages' hooks
         self.stage_logs: dict[str, float] = {}
+        self.stage_unjudged = 0
+        self.resumed_with: dict[str, list[Any]] | None = None
+        """The resumable config keys a resume changed (``{key: [old, new]}``), logged on the next step's row."""
 
     @property
     def current_algorithm(self) -> Algorithm:
@@ -134,13 +144,19 @@ class Trainer:
         n = functools.reduce(lambda m, stage: stage.fresh_samples(m), reversed(self.stages), k)
         r = self.engine.generate(prompts, n=n, seed=seed)
         rewards, texts = self._score(problems, r.response_ids, r.mask, n)
+        judged = torch.isfinite(rewards)
+        if not bool(judged.all()):  # a group with an unjudged sample: placeholders, left out of the loss
+            whole = judged.reshape(-1, n).all(dim=1).repeat_interleave(n)
+            rewards = torch.where(whole, rewards, torch.zeros(()))
         batch = RolloutBatch(
             prompt_ids=r.prompt_ids, prompt_mask=r.prompt_mask, response_ids=r.response_ids, mask=r.mask,
             rewards=rewards.to(r.mask.device), group_size=n, logp_old=r.logp,
+            judged=None if bool(judged.all()) else judged.to(r.mask.device),
         )  # fmt: skip
+        self.stage_unjudged = 0
         self.context = StepContext(
             self.step, cfg.optim.steps, seed, self.policy, self.engine, prompts,
-            lambda ids, mask, m: self._score(problems, ids, mask, m)[0], self.tokenizer.pad_token_id,
+            lambda ids, mask, m: self._stage_score(problems, ids, mask, m), self.tokenizer.pad_token_id,
             cfg.rollout.temperature,
         )  # fmt: skip
         fresh, self.stage_logs = batch, {}
@@ -154,9 +170,16 @@ class Trainer:
         return self.prepare(batch), texts
 
     def _score(self, problems: list[Problem], ids: Tensor, mask: Tensor, n: int) -> tuple[Tensor, list[str]]:
-        """Rewards ``[B]`` and texts of group-major responses, ``n`` per problem."""
+        """Rewards ``[B]`` (NaN where the task could not compute one) and texts of group-major responses, ``n`` per problem."""
         rewards, texts = score_responses(self.tokenizer, self.task, problems, ids, mask, n)
         return torch.tensor(rewards, dtype=torch.float32), texts
+
+    def _stage_score(self, problems: list[Problem], ids: Tensor, mask: Tensor, n: int) -> Tensor:
+        """A stage's rewards: an unjudged one (NaN) is scored 0 and counted in ``unjudged_stage``."""
+        rewards = self._score(problems, ids, mask, n)[0]
+        bad = ~torch.isfinite(rewards)
+        self.stage_unjudged += int(bad.sum())
+        return torch.where(bad, torch.zeros(()), rewards)
 
     def prepare(self, batch: RolloutBatch) -> RolloutBatch:
         """Fill the fields this step's bundle needs (reference/teacher log-probs), then the advantages."""
@@ -181,13 +204,16 @@ class Trainer:
         ranks and the loss multiplied by the world size, undoing DDP's gradient averaging.
         """
         alg = self.current_algorithm
-        z = normaliser(batch.mask, alg.aggregation, horizon=alg.horizon)
+        z = normaliser(
+            batch.loss_mask(), alg.aggregation, horizon=alg.horizon
+        )  # groups with an unjudged reward left out
         if self.world > 1:
             dist.all_reduce(z)
         parts = self.micro_batches(batch)
         sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0}  # loss, then token-weighted means
-        tokens = float(batch.mask.sum())
+        tokens = max(float(batch.loss_mask().sum()), 1.0)
         for i, mb in enumerate(parts):
+            lm = mb.loss_mask()
             with gradient_sync(self.model, i == len(parts) - 1):  # reduce gradients after the last micro-batch
                 logp, entropy = token_logprobs(
                     self.model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask,
@@ -195,14 +221,17 @@ class Trainer:
                 )  # fmt: skip
                 assert entropy is not None
                 tok_loss, diag = alg.token_loss(logp, entropy if alg.wants_entropy else None, mb)
-                scale = float(normaliser(mb.mask, alg.aggregation, horizon=alg.horizon) / z) * self.world
-                loss = aggregate(tok_loss, mb.mask, alg.aggregation, horizon=alg.horizon) * scale
+                if not bool(lm.any()):  # every group here unjudged: no loss, but join the gradient all-reduce
+                    (tok_loss.sum() * 0.0).backward()
+                    continue
+                scale = float(normaliser(lm, alg.aggregation, horizon=alg.horizon) / z) * self.world
+                loss = aggregate(tok_loss, lm, alg.aggregation, horizon=alg.horizon) * scale
                 loss.backward()
-            share = float(mb.mask.sum()) / tokens
+            share = float(lm.sum()) / tokens
             sums["loss"] += float(loss.detach()) / self.world
-            sums["entropy"] += float(masked_mean(entropy.detach(), mb.mask)) * share
+            sums["entropy"] += float(masked_mean(entropy.detach(), lm)) * share
             if mb.logp_old is not None:
-                diag = {**diag, "logp_gap": masked_mean((logp.detach() - mb.logp_old).abs(), mb.mask)}
+                diag = {**diag, "logp_gap": masked_mean((logp.detach() - mb.logp_old).abs(), lm)}
             for key, value in diag.items():
                 sums[key] = sums.get(key, 0.0) + float(value) * share
         return sums
@@ -216,7 +245,12 @@ class Trainer:
         self.model.train()
         alg, hook_state = self.current_algorithm, None
         hook_logs: dict[str, list[float]] = {}
-        for update in range(self.cfg.optim.updates_per_batch):
+        judged_groups = batch.judged_groups().sum()
+        if self.world > 1:
+            dist.all_reduce(judged_groups)
+        stats: dict[str, Any] = {"loss": None, "entropy": None}  # a step with no judged group: no update
+        logp_gap = grad_norm = None
+        for update in range(self.cfg.optim.updates_per_batch if int(judged_groups) else 0):
             self.optimizer.zero_grad(set_to_none=True)
             update_batch = batch
             if alg.before_update is not None:  # e.g. SIS: the effective logp_old of this update
@@ -241,10 +275,11 @@ class Trainer:
         self.step += 1
         epochs, ref_forward = self.cfg.optim.updates_per_batch, "logp_ref" in alg.needs  # log
         flops = step_flops(batch, self.policy_cost, epochs=epochs, ref_forward=ref_forward, world=self.world)
+        stage_logs = {**self.stage_logs, **({"unjudged_stage": self.stage_unjudged} if self.stage_unjudged else {})}
         return step_metrics(
             self.step, batch, stats, logp_gap=logp_gap, grad_norm=grad_norm,
             lr=float(self.scheduler.get_last_lr()[0]), gen_time_s=t_gen, step_time_s=time.perf_counter() - t0, flops=flops,
-            extra={**{key: sum(v) / len(v) for key, v in hook_logs.items()}, **self.stage_logs},
+            extra={**{key: sum(v) / len(v) for key, v in hook_logs.items()}, **stage_logs},
         )  # fmt: skip
 
     # ---------------------------------------------------------------- checkpoints
@@ -270,13 +305,30 @@ class Trainer:
         )  # fmt: skip
 
     def resume(self) -> bool:
-        """Load the latest complete checkpoint of ``out_dir`` (weights, modules, optimizer, RNG, step, stages); False if none."""
-        ckpt = checkpoint.latest_checkpoint(self.out_dir / "checkpoints") if self.out_dir is not None else None
-        if ckpt is None or self.out_dir is None:
+        """Load the newest intact checkpoint of ``out_dir`` (weights, modules, optimizer, RNG, step, stages); False if none.
+
+        Corrupt checkpoints (checksum mismatch; for one written without checksums, a load error) are set
+        aside with a warning and the previous one is used. ``metrics.jsonl`` keeps the rows up to the
+        loaded step (none without a checkpoint), torn lines dropped.
+        """
+        if self.out_dir is None:
             return False
-        s = checkpoint.load_training_state(
-            ckpt, model=self.model, optimizer=self.optimizer, modules=self.algorithm.modules
-        )
+        metrics = self.out_dir / "metrics.jsonl"
+        s = None
+        while s is None:
+            ckpt = checkpoint.intact_checkpoint(self.out_dir / "checkpoints", set_aside_corrupt=self.rank == 0)
+            if ckpt is None:
+                if self.rank == 0:
+                    checkpoint.truncate_metrics(metrics, 0)  # no checkpoint: the run restarts from step 0
+                return False
+            try:
+                s = checkpoint.load_training_state(
+                    ckpt, model=self.model, optimizer=self.optimizer, modules=self.algorithm.modules
+                )
+            except (OSError, RuntimeError, ValueError, EOFError, KeyError) as exc:
+                if (ckpt / CHECKSUMS).is_file():
+                    raise  # the bytes are the ones written: not corruption
+                checkpoint.set_aside(ckpt, f"{type(exc).__name__}: {exc}")  # written before checksums existed
         self.scheduler.load_state_dict(s["scheduler"])
         self.data_rng.setstate(checkpoint.as_tuple(s["data_rng"]))
         torch.set_rng_state(s["torch_rng"])
@@ -285,7 +337,8 @@ class Trainer:
         for stage, stage_state in zip(self.stages, s.get("stages", []), strict=True):
             stage.load_state_dict(stage_state)
         self.engine.sync_weights(self.policy)
-        checkpoint.truncate_metrics(self.out_dir / "metrics.jsonl", self.step)  # drop steps after the checkpoint
+        if self.rank == 0:
+            checkpoint.truncate_metrics(metrics, self.step)  # drop steps after the checkpoint
         return True
 
     # ---------------------------------------------------------------- loop + log
@@ -305,6 +358,8 @@ class Trainer:
                     raise ValueError(f"logging.eval_metric: expected one of {sorted(scores)}, got {log.eval_metric!r}")
                 self.val_scores.append(float(scores[log.eval_metric]))
                 metrics.update({f"eval/{k}": v for k, v in scores.items()})
+            if self.resumed_with:
+                metrics["resumed_with"], self.resumed_with = self.resumed_with, None
             history.append(metrics)
             if self.out_dir is not None and self.rank == 0:
                 with open(self.out_dir / "metrics.jsonl", "a") as f:

@@ -82,7 +82,7 @@ def _registered_in_fresh_process(env: dict[str, str]) -> str:
         " 'posttrain_ppo_clip' in core_algos.POLICY_LOSS_REGISTRY)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip().splitlines()[-1]
