@@ -181,7 +181,8 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace, report
         c = np.array(r["correct"])
         mean1 = c / n
         d_mean, d_half = _ci(mean1 - b_mean1)
-        row = [method, str(r["steps"]), _fmt(*_ci(mean1)), _fmt(d_mean, d_half) if method != "base" else "",
+        silent = sum(h["reward_mean"] == 0.0 for h in r["history"]) if method != "es" else None
+        row = [method, f"{r['steps']}" + (f" ({silent})" if silent is not None and r["steps"] else ""), _fmt(*_ci(mean1)), _fmt(d_mean, d_half) if method != "base" else "",
                _fmt(*_ci(np.array(r["greedy"])))]  # fmt: skip
         row += [f"{_pass_at_k(n, c, k).mean():.3f}" for k in ks[1:]]
         steps = [h for h in r["history"] if "step_time_s" in h]
@@ -198,7 +199,7 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace, report
             f"{r['peak_rss_mib']:.0f}",
         ]
         rows.append(row)
-    header = ["method", "steps", "accuracy (mean@1)", "change vs base (paired)", "greedy accuracy"]
+    header = ["method", "steps (all rewards 0)", "accuracy (mean@1)", "change vs base (paired)", "greedy accuracy"]
     header += [f"pass@{k}" for k in ks[1:]] + ["cut at max", "s/step (generation)", "train s", "eval s", "peak RSS MiB"]
 
     png = report.with_name(report.stem + "_curves.png")
@@ -232,7 +233,22 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace, report
             not in {"child", "report", "out", "methods", "merge", "report_only", "skip_base", "teacher_run", "jobs"}
         )
         + f"` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, load average at the end {load[0]:.1f}; whole run {elapsed / 60:.1f} min).",
+        f"{os.cpu_count()} CPUs, load average at the end {load[0]:.1f}; "
+        + (
+            f"whole run {elapsed / 60:.1f} min)."
+            if not args.report_only
+            else f"sum of the methods' train + eval times {sum(r['train_s'] + r['eval_s'] for r in results.values()) / 60:.0f} min)."
+        )
+        + "",
+        "",
+        *(
+            [
+                f"**Not run** (did not fit in the time available): {', '.join(m for m in METHODS if m not in results)}. "
+                "Run them with `--methods` (and `--merge` to join the report)."
+            ]
+            if any(m not in results for m in METHODS)
+            else []
+        ),
         "",
         f"Config: `examples/smollm2_cpu.yaml` with {cfg_line}.",
         "",
@@ -258,7 +274,10 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace, report
         "- Wall times were measured on a machine shared with other jobs (see the load average above); they "
         "bound the cost from above and are not a benchmark of the methods' speed.",
         "- OPD's teacher is the GRPO checkpoint of this same short run, so OPD can at best recover what GRPO gained.",
-        "- Only the task of the example (two-digit addition with a short-answer format) is measured.",
+        "- A step whose groups all have reward 0 has zero advantages, so a zero policy gradient: the model does not "
+        "move (the count is in the steps column). With few prompts per step on a task where most prompts have no "
+        "correct sample, short runs mostly consist of such steps.",
+        "- Only the task of the example (two-digit + one-digit addition with a short-answer format) is measured.",
         "",
         "## Sample greedy answers after training (first 3 held-out prompts)",
         "",

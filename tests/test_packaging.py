@@ -81,6 +81,7 @@ def test_cli_command_needing_a_missing_extra_names_it_in_one_line(monkeypatch: p
         raise ModuleNotFoundError("No module named 'cvxpy'", name="cvxpy")
 
     monkeypatch.setattr(cli, "app", command)
+    monkeypatch.setitem(cli._STATE, "debug", False)  # another test in this process may have run --debug
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert str(exit_info.value).startswith("posttrain: this needs 'cvxpy', from the [theory] extra")

@@ -351,10 +351,12 @@ def clipped_ratio_loss(
     check_finite("advantages", adv)
     if fused:
         keep8 = mask8 if on_policy is None else (mask & ~on_policy).view(torch.uint8)
-        with torch.no_grad():
-            lr, lo, hi = _masked_log_ratio(logp.detach(), logp_old.detach(), keep8)
+        with torch.no_grad():  # the range over the whole mask (on-policy tokens included), then their lr set to 0
+            lr, lo, hi = _masked_log_ratio(logp.detach(), logp_old.detach(), mask8)
             if not bool(torch.isfinite(lo) & torch.isfinite(hi)):  # NaN/inf somewhere: off the mask, or an error
-                lr, lo, hi = _masked_log_ratio_where(logp.detach(), logp_old.detach(), keep8.view(torch.bool))
+                lr, lo, hi = _masked_log_ratio_where(logp.detach(), logp_old.detach(), mask)
+            if on_policy is not None:
+                lr = lr.mul_(keep8)
         # NaN/inf on the mask, or a log-ratio where the +-20 clamp binds: the plain form (which raises on NaN/inf)
         if bool((lo >= -LOG_RATIO_CLAMP) & (hi <= LOG_RATIO_CLAMP)):
             neg_adv = -adv.detach()

@@ -145,7 +145,7 @@ def resolve_checkpoint(path: Path) -> tuple[Path, Path | None]:
         if ckpt is None:
             raise DomainError(f"CHECKPOINT: {path} has no complete, intact checkpoint")
         return ckpt / "model", path
-    if (path / "model" / "config.json").is_file():
+    if any((path / "model" / name).is_file() for name in ("config.json", "adapter_config.json")):  # LoRA: adapter
         return path / "model", _run_of(path / "model")
     if (path / "config.json").is_file():
         return path, _run_of(path)
@@ -163,6 +163,7 @@ def eval_command(
     """Evaluate a checkpoint: unbiased pass@k / mean@k, greedy accuracy, response length, entropy."""
     from posttrain.errors import DomainError
     from posttrain.llm.config import load_config
+    from posttrain.llm.rollout.reward_fn import with_reward_function
     from posttrain.llm.rollout.tasks import make_task
     from posttrain.llm.run import load_model
     from posttrain.llm.train.evaluate import evaluate
@@ -181,7 +182,7 @@ def eval_command(
     metrics: dict[str, Any] = evaluate(
         model,
         tokenizer,
-        make_task(cfg.data.task, **cfg.data.options),
+        with_reward_function(make_task(cfg.data.task, **cfg.data.options), cfg.data.reward),
         n_prompts=prompts or cfg.data.eval_prompts,
         n_samples=n or max(ks),
         ks=ks,

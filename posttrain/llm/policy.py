@@ -40,7 +40,7 @@ class LoraConfig:
     """
 
     r: int = 8
-    alpha: float = 16.0
+    alpha: int = 16
     dropout: float = 0.0
     target_modules: str = "q_proj,k_proj,v_proj,o_proj"
     save: str = "adapter"
@@ -54,7 +54,9 @@ class LoraConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise DomainError(f"{where}.dropout: expected a probability in [0, 1), got {self.dropout}")
         if not self.modules():
-            raise DomainError(f"{where}.target_modules: expected module names or 'all-linear', got {self.target_modules!r}")
+            raise DomainError(
+                f"{where}.target_modules: expected module names or 'all-linear', got {self.target_modules!r}"
+            )
         if self.save not in LORA_SAVES:
             raise DomainError(f"{where}.save: unknown name {self.save!r}; valid: {', '.join(LORA_SAVES)}")
 
@@ -94,7 +96,7 @@ def prepare_policy(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.modules(), task_type="CAUSAL_LM"
     )
     try:
-        wrapped = peft.get_peft_model(model, peft_cfg)
+        wrapped: Any = peft.get_peft_model(model, peft_cfg)
     except ValueError as exc:  # "Target modules {...} not found in the base model"
         raise DomainError(f"model.lora.target_modules: {exc}") from exc
     if gradient_checkpointing:  # frozen embeddings: the checkpointed layers' inputs must still require grad
@@ -134,5 +136,5 @@ def load_policy_weights(policy: Any, path: str | Path, weights: dict[str, Any]) 
     adapter = adapter if adapter.is_file() else path / ADAPTER_FILE
     if not adapter.is_file():
         raise ValueError(f"checkpoint {path} has no LoRA adapter ({ADAPTER_FILE}) for this LoRA policy")
-    result = set_peft_model_state_dict(policy, load_file(str(adapter)))
+    result: Any = set_peft_model_state_dict(policy, load_file(str(adapter)))
     return type(result)(missing_keys=[], unexpected_keys=list(result.unexpected_keys))

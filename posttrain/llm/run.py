@@ -40,8 +40,8 @@ from posttrain.llm.rollout.branching import BranchingStage
 from posttrain.llm.rollout.engine import HFEngine, RolloutEngine
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.replay import ReplayStage
-from posttrain.llm.rollout.stages import RolloutStage
 from posttrain.llm.rollout.reward_fn import with_reward_function
+from posttrain.llm.rollout.stages import RolloutStage
 from posttrain.llm.rollout.tasks import make_task
 from posttrain.llm.train.parallel import wrap_frozen, wrap_model
 from posttrain.llm.train.rundir import (

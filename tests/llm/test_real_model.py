@@ -7,7 +7,8 @@ No model hub is touched (``HF_HUB_OFFLINE=1``).
 
 Tolerance of the log-prob check: the engine's sampling-time log-probs and the trainer's recomputation
 are the same float32 model in two different passes (incremental decoding with a KV cache against one
-full forward); 1e-4 absolute is far below the changes one optimizer step makes (> 1e-2 here).
+full forward); measured max 2.1e-5 (8 rows) and 6.6e-5 (32 rows x 16 tokens, HF engine); 2e-4
+absolute, 3x the larger measurement.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ pytest.importorskip("transformers", reason="needs the [llm] extra")
 pytest.importorskip("gguf", reason="converting the GGUF file needs the gguf package (the [real] extra)")
 
 NAME = "smollm2-135m-instruct"
-LOGP_ATOL = 1e-4
+LOGP_ATOL = 2e-4
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2_cpu.yaml"
 
 

@@ -72,8 +72,10 @@ def save_checkpoint(
         with open(tmp / "state.pt", "wb") as f:
             torch.save(state, f)
     done = sorted(p for p in root.iterdir() if _NAME.match(p.name))
-    for old in done[: max(len(done) - keep, 0)]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in done[: max(len(done) - keep, 0)]:  # renamed first: a kill mid-delete leaves no half checkpoint
+        doomed = root / f".tmp-{old.name}-pruned"
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
     return final
 
 

@@ -94,7 +94,10 @@ def test_reward_function_gets_trl_arguments_and_none_is_unjudged(reward_module: 
     assert task.rewards(problems, ["33", "8"]) == [2.0, 1.0]
     call = importlib.import_module(reward_module).CALLS[-1]
     assert call == {"prompts": ["1+2=", "4+4="], "completions": ["33", "8"], "answer": ["3", "8"], "level": [1, None]}
-    assert all(math.isnan(r) for r in with_reward_function(task.task, f"{reward_module}:unjudged").rewards(problems, ["a", "b"]))
+    assert all(
+        math.isnan(r)
+        for r in with_reward_function(task.task, f"{reward_module}:unjudged").rewards(problems, ["a", "b"])
+    )
     with pytest.raises(DomainError, match="returned 1 rewards for 2 completions"):
         with_reward_function(task.task, f"{reward_module}:short").rewards(problems, ["a", "b"])
 
@@ -136,7 +139,9 @@ def test_dataset_task_reads_local_files_with_a_column_mapping(tmp_path: Path, su
     held = {p.prompt for p in task.held_out(random.Random(0), 50)}
     assert train == {r["question"] for r in rows[:8]} and held == {r["question"] for r in rows[8:]}
     p = task.sample(random.Random(1), 1)[0]
-    assert p.answer == str(2 * int(p.prompt.split("+")[0])) and dict(p.columns)["level"] == int(p.prompt.split("+")[0]) % 3
+    assert (
+        p.answer == str(2 * int(p.prompt.split("+")[0])) and dict(p.columns)["level"] == int(p.prompt.split("+")[0]) % 3
+    )
     assert task.reward(p, p.answer) == 1.0 and task.reward(p, "x") == 0.0
 
 
@@ -145,7 +150,9 @@ def test_dataset_task_bad_values_fail_at_load_naming_the_key(tmp_path: Path) -> 
     path.write_text("".join(json.dumps(r) + "\n" for r in _rows(4)))
 
     def load(**options: Any) -> Any:
-        return config_from_dict(_raw(data__task="dataset", data__options={"path": str(path), "prompt": "question", **options}))
+        return config_from_dict(
+            _raw(data__task="dataset", data__options={"path": str(path), "prompt": "question", **options})
+        )
 
     with pytest.raises(DomainError, match=r"^data\.options\.answer: no column 'answer'"):
         load()
@@ -208,7 +215,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradient(tiny: tuple[Any
     loss, grads = _loss_and_grads(model, tok)
     ckpt = prepare_policy(model, lora=None, gradient_checkpointing=True)
     on = getattr(type(ckpt), "is_activation_checkpointing", None)
-    assert (ckpt.is_activation_checkpointing if on is not None else ckpt.is_gradient_checkpointing)
+    assert ckpt.is_activation_checkpointing if on is not None else ckpt.is_gradient_checkpointing
     assert ckpt.config.use_cache is False
     loss2, grads2 = _loss_and_grads(ckpt, tok)
     assert len(grads) == len(grads2) > 0
@@ -262,6 +269,14 @@ def test_lora_trains_only_adapters_and_checkpoints_load(tmp_path: Path, save: st
     expected = _logits(trainer.model)
     loaded = AutoModelForCausalLM.from_pretrained(str(ckpt))  # adapter: base from initial/ + adapter
     torch.testing.assert_close(_logits(loaded), expected, atol=1e-5, rtol=1e-5)
+    from typer.testing import CliRunner
+
+    from posttrain.cli import app
+
+    result = CliRunner().invoke(app, ["eval", str(ckpt.parent), "--k", "1", "--json"])  # a checkpoint directory
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output.strip().splitlines()[-1])
+    assert metrics["reward_mean"] > 0  # scored by the reward function (length > 0), not the task's 0/1 check
     resumed = build_trainer(cfg, tmp_path / "run", resume=True)
     assert resumed.step == trainer.step
     torch.testing.assert_close(_logits(resumed.model), expected, atol=1e-6, rtol=0)
