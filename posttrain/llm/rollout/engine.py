@@ -14,6 +14,8 @@ the kept tokens), so keep ``top_p = 1, top_k = 0`` when the importance ratio mus
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -138,6 +140,17 @@ def _truncated(z: Float[Tensor, "B V"], *, top_k: int, top_p: float) -> Float[Te
     return z
 
 
+@functools.cache
+def _cache_keyword_of(model_type: type) -> str:
+    """``cache`` where the model's ``forward`` names it (transformers >= 5.2x), else ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
+def _cache_keyword(model: Any) -> str:
+    """The keyword passing a KV cache to ``model``'s forward (inspected once per model class)."""
+    return _cache_keyword_of(type(model))
+
+
 class HFEngine:
     """Rollouts from the training model itself: its forward with a KV cache (``DynamicCache``) in a batched sampling loop.
 
@@ -212,7 +225,7 @@ class HFEngine:
             input_ids=ids,
             attention_mask=attn,
             position_ids=positions,
-            past_key_values=cache,
+            **{_cache_keyword(self.model): cache},
             use_cache=True,
             logits_to_keep=1,
         )
@@ -238,7 +251,7 @@ class HFEngine:
                 input_ids=y.unsqueeze(-1),
                 attention_mask=attn,
                 position_ids=position,
-                past_key_values=cache,
+                **{_cache_keyword(self.model): cache},
                 use_cache=True,
             )
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)

@@ -4,20 +4,40 @@ Every log-prob the trainer, the rollout stages and the method fillers recompute 
 they share one convention: the log-softmax of the temperature-scaled logits over the full
 vocabulary, :math:`\log\mathrm{softmax}(z_t/\tau)`, computed in float32 or wider
 (:func:`widened`), with position ids that skip left padding (:func:`position_ids`).
+
+The sampled-token log-prob and the entropy (:func:`sampled_logprobs`) never build the
+``[B, T, V]`` float32 log-softmax: blocks of at most ``chunk`` positions are widened, and each
+gives :math:`\log\pi_t(y_t) = z_{t,y_t}/\tau - \operatorname{logsumexp}_v z_{t,v}/\tau` and
+:math:`H_t = -\sum_v \pi_t(v)\log\pi_t(v)`. Backward
+recomputes each block's softmax from the saved logsumexp, so autograd keeps only the logits
+themselves (the model's output) and two ``[B, T]`` vectors: the extra memory is one block,
+``chunk x V`` float32, whatever ``B x T``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from posttrain.estimators import token_entropy
+from posttrain.errors import DomainError, ShapeError
 from posttrain.llm.rollout.batch import RolloutBatch
 
-__all__ = ["position_ids", "response_logits", "token_logprobs", "vocab_log_softmax", "widened"]
+__all__ = [
+    "CHUNK_POSITIONS",
+    "position_ids",
+    "response_logits",
+    "sampled_logprobs",
+    "token_logprobs",
+    "vocab_log_softmax",
+    "widened",
+]
+
+CHUNK_POSITIONS = 256
+"""Positions widened at once by :func:`sampled_logprobs` (``256 x 151,936`` float32 is 156 MB)."""
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -28,6 +48,136 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 def widened(logits: Tensor) -> Tensor:
     """Half-precision logits (or hidden states) as float32; float32 and float64 ones unchanged (no copy)."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _blocks(rows: int, length: int, chunk: int) -> Iterator[tuple[slice, slice]]:
+    """``(rows, positions)`` slices tiling ``[rows, length]`` with at most ``chunk`` positions each."""
+    if length <= chunk:
+        step = chunk // max(length, 1)
+        for b in range(0, rows, step):
+            yield slice(b, min(b + step, rows)), slice(0, length)
+    else:
+        for b in range(rows):
+            for t in range(0, length, chunk):
+                yield slice(b, b + 1), slice(t, min(t + chunk, length))
+
+
+def _block_stats(z: Tensor) -> tuple[Tensor, Tensor]:
+    """Logsumexp ``[..]`` and entropy ``[..]`` of widened, scaled logits ``z [.., V]``."""
+    lse = torch.logsumexp(z, dim=-1)
+    logq = z - lse.unsqueeze(-1)
+    plogq = torch.where(torch.isfinite(logq), logq.exp() * logq, torch.zeros((), dtype=z.dtype, device=z.device))
+    return lse, -plogq.sum(-1)  # -inf logits add 0
+
+
+class _SampledLogprobs(torch.autograd.Function):
+    """``(logp [B, T], entropy [B, T])`` from logits ``[B, L >= T, V]``; backward recomputes each block."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: Tensor, targets: Tensor, temperature: float, chunk: int, entropy_grad: bool
+    ) -> tuple[Tensor, Tensor]:
+        rows, t = targets.shape
+        wide = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+        logp = torch.empty(rows, t, dtype=wide, device=logits.device)
+        entropy = torch.empty_like(logp)
+        lse = torch.empty_like(logp)
+        with torch.no_grad():
+            for rb, tb in _blocks(rows, t, chunk):
+                z = widened(logits[rb, tb]) / temperature
+                block_lse, h = _block_stats(z)
+                lse[rb, tb], entropy[rb, tb] = block_lse, h
+                logp[rb, tb] = z.gather(-1, targets[rb, tb].unsqueeze(-1)).squeeze(-1) - block_lse
+        ctx.save_for_backward(logits, targets, lse, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        if not entropy_grad:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        logits, targets, lse, entropy = ctx.saved_tensors
+        tau = ctx.temperature
+        grad = torch.zeros_like(logits)  # positions past T (the model's extra last one) get 0
+        rows, t = targets.shape
+        for rb, tb in _blocks(rows, t, ctx.chunk):
+            z = widened(logits[rb, tb]) / tau
+            p = torch.exp(z - lse[rb, tb].unsqueeze(-1))
+            gz = torch.zeros_like(z)
+            if g_logp is not None:
+                gl = g_logp[rb, tb]
+                gz = gz - p * gl.unsqueeze(-1)
+                gz.scatter_add_(-1, targets[rb, tb].unsqueeze(-1), gl.unsqueeze(-1))
+            if g_ent is not None:  # dH/dz_v = -p_v (log p_v + H)
+                logq = torch.where(
+                    p > 0, z - lse[rb, tb].unsqueeze(-1), torch.zeros((), dtype=z.dtype, device=z.device)
+                )
+                gz = gz - p * (logq + entropy[rb, tb].unsqueeze(-1)) * g_ent[rb, tb].unsqueeze(-1)
+            grad[rb, tb] = (gz / tau).to(logits.dtype)
+        return grad, None, None, None, None
+
+
+def sampled_logprobs(
+    logits: Float[Tensor, "B L V"],
+    targets: Int[Tensor, "B T"],
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk: int = CHUNK_POSITIONS,
+) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"] | None]:
+    r"""Log-probs :math:`\log\mathrm{softmax}(z_t/\tau)_{y_t}` of ``targets`` and entropies, in blocks over positions.
+
+    Position ``t < T`` of ``logits`` predicts ``targets[:, t]`` (``L >= T``: later positions are
+    ignored and get zero gradient, so the model's output can be passed without slicing a copy).
+    Computed in float32 from half-precision logits (float64 stays float64); the extra memory, in
+    forward and in backward, is a block of ``chunk`` positions times ``V``, not ``B x T x V``.
+
+    Args:
+        logits: ``[B, L, V]`` raw (unscaled) logits, any float dtype.
+        targets: ``[B, T]`` token ids, ``T <= L``.
+        temperature: :math:`\tau > 0`.
+        with_entropy: also return :math:`H_t = -\sum_v \pi_t(v)\log\pi_t(v)`.
+        entropy_grad: let gradient flow through the entropy (only when it is in the loss; a logged
+            entropy is detached).
+        chunk: positions per block, positive.
+
+    Returns:
+        ``(logp [B, T], entropy [B, T] or None)``.
+    """
+    if (
+        logits.ndim != 3
+        or targets.ndim != 2
+        or targets.shape[0] != logits.shape[0]
+        or targets.shape[1] > logits.shape[1]
+    ):
+        raise ShapeError(
+            f"logits, targets: expected [B, L, V] and [B, T] with T <= L, got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
+    if not logits.is_floating_point():
+        raise DomainError(f"logits: expected a float tensor, got {logits.dtype}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise DomainError(f"chunk: expected a positive integer, got {chunk!r}")
+    if not temperature > 0:
+        raise DomainError(f"temperature: expected > 0, got {temperature!r}")
+    logp, entropy = _SampledLogprobs.apply(logits, targets.long(), float(temperature), chunk, entropy_grad)
+    if not (with_entropy and entropy_grad):
+        entropy = entropy.detach()
+    return logp, entropy if with_entropy else None
+
+
+def _model_logits(
+    model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, mask: Tensor
+) -> Float[Tensor, "B T+1 V"]:
+    """The model's raw logits at the ``T + 1`` last positions (``logits_to_keep``); position ``t < T`` predicts token ``t``."""
+    t = response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attn = torch.cat([prompt_mask, mask], dim=1).long()
+    out = model(
+        input_ids=input_ids, attention_mask=attn, position_ids=position_ids(attn), use_cache=False, logits_to_keep=t + 1
+    )
+    return out.logits
 
 
 def response_logits(
@@ -44,13 +194,7 @@ def response_logits(
     Only the ``T + 1`` last positions get logits (``logits_to_keep``), so the prompt costs no
     ``V``-sized memory; gradient flows when called outside ``torch.no_grad``.
     """
-    t = response_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attn = torch.cat([prompt_mask, mask], dim=1).long()
-    out = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids(attn), use_cache=False, logits_to_keep=t + 1
-    )
-    logits = out.logits[:, :-1]  # [B, T, V]: position P-1+t predicts response token t
+    logits = _model_logits(model, prompt_ids, prompt_mask, response_ids, mask)[:, :-1]
     return widened(logits) / temperature
 
 
@@ -63,20 +207,24 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"] | None]:
     r"""Log-probs :math:`\log\mathrm{softmax}(z_t/\tau)_{y_t}` of the response tokens under ``model``, one forward.
 
-    Gradient flows when called outside ``torch.no_grad``. Only the ``T + 1`` last positions get
-    logits (``logits_to_keep``), so the prompt costs no ``V``-sized memory.
+    Gradient flows into ``logp`` when called outside ``torch.no_grad``, into the entropy only with
+    ``entropy_grad`` (when it is in the loss). Only the ``T + 1`` last positions get logits, and
+    the log-softmax is never built over ``[B, T, V]`` (see :func:`sampled_logprobs`).
 
     Returns:
         ``(logp [B, T], entropy [B, T] or None)``; both are 0 off the mask.
     """
-    logits = response_logits(model, prompt_ids, prompt_mask, response_ids, mask, temperature=temperature)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    logits = _model_logits(model, prompt_ids, prompt_mask, response_ids, mask)
+    logp, entropy = sampled_logprobs(
+        logits, response_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     logp = torch.where(mask, logp, zero)
-    entropy = torch.where(mask, token_entropy(logits), zero) if with_entropy else None
+    entropy = torch.where(mask, entropy, zero) if entropy is not None else None
     return logp, entropy
 
 

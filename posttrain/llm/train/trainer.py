@@ -217,7 +217,7 @@ class Trainer:
             with gradient_sync(self.model, i == len(parts) - 1):  # reduce gradients after the last micro-batch
                 logp, entropy = token_logprobs(
                     self.model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask,
-                    temperature=self.cfg.rollout.temperature, with_entropy=True,
+                    temperature=self.cfg.rollout.temperature, with_entropy=True, entropy_grad=alg.wants_entropy,
                 )  # fmt: skip
                 assert entropy is not None
                 tok_loss, diag = alg.token_loss(logp, entropy if alg.wants_entropy else None, mb)

@@ -1,0 +1,214 @@
+"""GPU smoke benchmark on one accelerator, with nothing but torch and transformers (no vLLM, no downloads).
+
+A randomly initialised bf16 model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV
+heads, MLP 4864, vocabulary 151,936, tied embeddings) is built from a config written here, then:
+
+1. generation: our :class:`~posttrain.llm.rollout.engine.HFEngine` against transformers'
+   ``model.generate``, ``--batch`` prompts of ``--prompt-len`` random tokens, ``--new-tokens``
+   sampled at temperature 1 with no top-k/top-p cut and no end-of-sequence token (every row runs
+   to the end), tokens/s for each;
+2. one training step (the policy-gradient surrogate on :func:`token_logprobs`, backward, AdamW) on
+   ``--train-batch`` of the generated rows, timed with CUDA events after one warm-up step, and its
+   MFU: ``6 N D`` (N non-embedding parameters, D tokens; attention scores and the LM head are not
+   counted) over the step time, divided by a measured bf16 matmul ceiling (``--matmul`` square);
+3. host syncs of the timed training step and of one short engine call, counted with
+   ``torch.cuda.set_sync_debug_mode("warn")`` (each synchronising call warns once).
+
+On a machine without CUDA the same code runs in float32 with ``perf_counter`` timing and reports
+host syncs as "n/a on CPU"; ``--tiny`` shrinks the model and sizes so that this takes seconds
+(the CPU test runs it). Prints one line per result and, with ``--json PATH``, writes them.
+
+    python -m benchmarks.gpu_smoke            # on the GPU machine (about 2-4 minutes on one H200)
+    python -m benchmarks.gpu_smoke --tiny     # anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from posttrain.llm.rollout.engine import HFEngine, SamplingConfig
+from posttrain.llm.rollout.logprobs import token_logprobs
+
+QWEN25_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1_000_000.0,
+    "tie_word_embeddings": True,
+}
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
+
+
+def build_model(shape: dict[str, Any], *, device: torch.device, dtype: torch.dtype, seed: int) -> Any:
+    """A random Qwen2 causal LM of ``shape`` (no end-of-sequence token), on ``device`` in ``dtype``."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(**shape, pad_token_id=0, bos_token_id=None, eos_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.to(device)
+
+
+class Timer:
+    """Elapsed seconds of a callable: CUDA events on a GPU, ``perf_counter`` otherwise."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3, out
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+
+
+def count_syncs(fn: Callable[[], Any], device: torch.device) -> tuple[int | str, Any]:
+    """Host synchronisations during ``fn`` (CUDA sync debug mode ``warn``), or ``"n/a on CPU"``."""
+    if device.type != "cuda":
+        return "n/a on CPU", fn()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught), out
+
+
+def matmul_ceiling(n: int, *, device: torch.device, dtype: torch.dtype, repeats: int = 10) -> float:
+    """Measured FLOP/s of an ``n x n`` by ``n x n`` matmul in ``dtype`` (best of ``repeats``)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    timer = Timer(device)
+    timer(lambda: a @ b)  # warm-up
+    best = min(timer(lambda: a @ b)[0] for _ in range(repeats))
+    return 2.0 * n**3 / best
+
+
+def non_embedding_params(model: Any) -> int:
+    emb = model.get_input_embeddings().weight
+    return sum(p.numel() for p in model.parameters() if p is not emb)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape = TINY if args.tiny else QWEN25_05B
+    model = build_model(shape, device=device, dtype=dtype, seed=args.seed)
+    v = shape["vocab_size"]
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(1, v, (args.batch, args.prompt_len), generator=g)
+    timer = Timer(device)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+    res.update(dtype=str(dtype).removeprefix("torch."), batch=args.batch, new_tokens=args.new_tokens)
+
+    # 1. generation: ours vs model.generate (eos_id = V is never drawn: every row runs to the end)
+    engine = HFEngine(model, pad_id=0, eos_id=v, sampling=SamplingConfig(max_new_tokens=args.new_tokens))
+    rows = prompts.tolist()
+    engine.generate(rows[:2], n=1, seed=0)  # warm-up (kernels, allocator)
+    secs, rollouts = timer(lambda: engine.generate(rows, n=1, seed=args.seed))
+    res["engine_tokens_per_s"] = int(rollouts.mask.sum()) / secs
+
+    def reference() -> Any:
+        with torch.no_grad():
+            return model.generate(
+                input_ids=prompts.to(device), attention_mask=torch.ones_like(prompts, device=device),
+                max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=True,
+                temperature=1.0, top_k=None, top_p=None, pad_token_id=0,
+            )  # fmt: skip
+
+    secs, out = timer(reference)
+    res["generate_tokens_per_s"] = (out.shape[1] - args.prompt_len) * args.batch / secs
+    res["engine_over_generate"] = res["engine_tokens_per_s"] / res["generate_tokens_per_s"]
+
+    # 2. one training step, timed after a warm-up step
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    tb = min(args.train_batch, args.batch)
+    p_ids, r_ids = rollouts.prompt_ids[:tb], rollouts.response_ids[:tb]
+    p_mask, r_mask = rollouts.prompt_mask[:tb], rollouts.mask[:tb]
+    adv = torch.randn(tb, 1, generator=g).to(device)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        logp, _ = token_logprobs(model, p_ids, p_mask, r_ids, r_mask, with_entropy=True)
+        (-(logp * adv).sum() / r_mask.sum()).backward()  # logp is 0 off the mask; no boolean indexing (a sync)
+        opt.step()
+
+    step()
+    syncs, _ = count_syncs(step, device)
+    secs, _ = timer(step)
+    tokens = int(p_mask.sum() + r_mask.sum())
+    flops = 6.0 * non_embedding_params(model) * tokens
+    ceiling = matmul_ceiling(args.matmul, device=device, dtype=dtype)
+    res.update(train_rows=tb, train_tokens=tokens, train_step_s=secs, train_flops_per_s=flops / secs)
+    res.update(matmul_ceiling_flops_per_s=ceiling, mfu=flops / secs / ceiling, train_step_host_syncs=syncs)
+
+    # 3. host syncs of a short engine call (one per token is the end-of-batch check)
+    short = HFEngine(model, pad_id=0, eos_id=v, sampling=SamplingConfig(max_new_tokens=8))
+    res["engine_8_tokens_host_syncs"], _ = count_syncs(lambda: short.generate(rows[:4], n=1, seed=1), device)
+    return res
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_smoke", description=__doc__)
+    p.add_argument("--tiny", action="store_true", help="tiny model and sizes (CPU test)")
+    p.add_argument("--batch", type=int, default=None, help="generation batch (default 256; tiny 4)")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens per row (default 512; tiny 8)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; tiny 6)")
+    p.add_argument("--train-batch", type=int, default=None, help="rows in the training step (default 16; tiny 2)")
+    p.add_argument("--matmul", type=int, default=None, help="matmul ceiling size (default 8192; tiny 128)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the results to this file")
+    args = p.parse_args(argv)
+    defaults = (4, 8, 6, 2, 128) if args.tiny else (256, 512, 64, 16, 8192)
+    names = ("batch", "new_tokens", "prompt_len", "train_batch", "matmul")
+    for name, default in zip(names, defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    res = run(args)
+    for key, value in res.items():
+        print(f"{key:>28}: {value:.4g}" if isinstance(value, float) else f"{key:>28}: {value}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()
