@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers", reason="the smoke benchmark needs the [llm] extra (transformers)")
 
-from benchmarks import gpu_smoke  # noqa: E402
+from benchmarks import gpu_smoke
 
 
 def test_tiny_run_reports_every_number(tmp_path: Path) -> None:
