@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shape = TINY if args.tiny else QWEN25_05B
     model = build_model(shape, device=device, dtype=dtype, seed=args.seed)
-    v = shape["vocab_size"]
+    v = int(shape["vocab_size"])
     g = torch.Generator().manual_seed(args.seed)
     prompts = torch.randint(1, v, (args.batch, args.prompt_len), generator=g)
     timer = Timer(device)

@@ -5,7 +5,7 @@
 - ``reference/cli.md``: every ``posttrain`` command with its arguments and options (the typer app);
 - ``reference/api/*.md``: one page per subpackage, one mkdocstrings block per module found on disk;
 - ``<!-- checks: ID -->`` in a page: the verdict table and plot of check ID from the last full run
-  (``docs/checks/results.json`` and ``docs/checks/check_ID.png``, written by
+  (``docs/paper_checks/results.json`` and ``docs/paper_checks/check_ID.png``, written by
   ``posttrain check --out docs/checks``); "no full run recorded" when absent;
 - ``<!-- checks-overview -->``: the table of every recorded check.
 
@@ -29,7 +29,7 @@ log = logging.getLogger("mkdocs.hooks.posttrain")
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "posttrain"
-CHECKS_DIR = Path(__file__).resolve().parent / "checks"
+CHECKS_DIR = Path(__file__).resolve().parent / "paper_checks"
 
 # API pages: (page name, title, dotted package, recurse into subpackages?)
 _API_TOP = [
@@ -421,7 +421,7 @@ def _results() -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        log.warning("docs/checks/results.json is not valid JSON: %s", exc)
+        log.warning("docs/paper_checks/results.json is not valid JSON: %s", exc)
         return None
 
 
@@ -524,7 +524,7 @@ def _check_block(c: dict[str, Any], mode: str, page_depth: int) -> list[str]:
     png = CHECKS_DIR / f"check_{cid}.png"
     if png.exists():
         out += [
-            f"![check {cid}: metrics, per-seed differences and curves]({'../' * page_depth}checks/check_{cid}.png)",
+            f"![check {cid}: metrics, per-seed differences and curves]({'../' * page_depth}paper_checks/check_{cid}.png)",
             "",
         ]
     return out
@@ -561,7 +561,7 @@ def _checks_markdown(wanted: str, page_depth: int) -> str:
         return f"*No full run recorded* for check {wanted}: the full run `posttrain check --out docs/checks` records every check.\n"
     hits = _ids_matching(list(data.get("checks", [])), wanted)
     if not hits:
-        return f"*No full run recorded* for check {wanted} in `docs/checks/results.json`.\n"
+        return f"*No full run recorded* for check {wanted} in `docs/paper_checks/results.json`.\n"
     mode = data.get("mode", "full")
     lines: list[str] = []
     for c in hits:

@@ -1,8 +1,8 @@
 """posttrain: LLM post-training methods implemented correctly, tested as mathematics, and fast.
 
-Subpackages: :mod:`posttrain.estimators` (pure torch estimators), :mod:`posttrain.theory`
-(analytic results), :mod:`posttrain.simulators` (toys with exact answers),
-:mod:`posttrain.paper_checks` (one check per paper), :mod:`posttrain.llm` (trainer on causal LMs).
+Subpackages: `posttrain.estimators` (pure torch estimators), `posttrain.theory`
+(analytic results), `posttrain.simulators` (toys with exact answers),
+`posttrain.paper_checks` (one check per paper), `posttrain.llm` (trainer on causal LMs).
 """
 
 from posttrain.errors import ConvergenceError, DomainError, PosttrainError, RegistryError, ShapeError

@@ -1,7 +1,7 @@
 """Which optional extra provides a missing module, for one-line error messages.
 
 The core install (``pip install posttrain``: torch, numpy, scipy, jaxtyping) is enough for
-:mod:`posttrain.estimators`, :mod:`posttrain.simulators` and the verl plug-in; everything else comes
+`posttrain.estimators`, `posttrain.simulators` and the verl plug-in; everything else comes
 from an extra declared in ``pyproject.toml``.
 """
 
@@ -38,7 +38,7 @@ FULL = frozenset({"cli", "theory", "plots"})
 def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
     """One line naming the extra that provides the module ``exc`` is about, or ``None`` if no extra does.
 
-    Example:
+    Examples:
         >>> missing_extra_message(ModuleNotFoundError("No module named 'cvxpy'", name="cvxpy"))
         "posttrain: this needs 'cvxpy', from the [theory] extra: pip install 'posttrain[theory]' (or [full])"
         >>> missing_extra_message(ModuleNotFoundError("No module named 'nope'", name="nope")) is None

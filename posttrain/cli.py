@@ -34,7 +34,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _STATE = {"debug": False}
 BAD_INPUT: tuple[type[BaseException], ...] = (ValueError, KeyError, OSError)
 """Exceptions that mean a bad input (a config key, a flag, a path): one line and exit code 2 unless ``--debug``.
-:class:`~posttrain.errors.PosttrainError`'s subclasses are among them (``DomainError`` is a ``ValueError``)."""
+`PosttrainError`'s subclasses are among them (``DomainError`` is a ``ValueError``)."""
 
 
 def _version(value: bool) -> None:
@@ -57,15 +57,17 @@ def _root(
 
 
 def bad_input_exits(fn: F) -> F:
-    """Wrap a command: a bad input (:data:`BAD_INPUT`) ends with one red line naming it and exit code 2;
+    """Wrap a command: a bad input (`BAD_INPUT`) ends with one red line naming it and exit code 2;
     ``posttrain --debug CMD`` re-raises it with its traceback."""
     from posttrain.errors import PosttrainError
+
+    caught: tuple[type[BaseException], ...] = (*BAD_INPUT, PosttrainError)
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (*BAD_INPUT, PosttrainError) as exc:
+        except caught as exc:
             if _STATE["debug"]:
                 raise
             text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
@@ -283,7 +285,10 @@ def merge(
 # LLM trainer commands (posttrain.llm.cli imports torch/transformers only inside the commands).
 from posttrain.llm import cli as _llm_cli  # noqa: E402
 
-REGISTERING_MODULES += ["posttrain.llm.methods.algorithm", "posttrain.llm.rollout.tasks"]  # method, task, verifier registries
+REGISTERING_MODULES += [
+    "posttrain.llm.methods.algorithm",
+    "posttrain.llm.rollout.tasks",
+]  # method, task, verifier registries
 
 app.command("train")(bad_input_exits(_llm_cli.train_command))
 app.command("eval")(bad_input_exits(_llm_cli.eval_command))

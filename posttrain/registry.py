@@ -1,9 +1,9 @@
 """Named registries: one per kind of thing (advantage estimators, policy losses, KL estimators,
 paper checks, ...).
 
-A registry maps a name to an :class:`Entry` (the object, a one-line summary taken from its
+A registry maps a name to an `Entry` (the object, a one-line summary taken from its
 docstring, and the paper it comes from). Registering a taken name raises at import time; looking
-up an unknown name raises :class:`~posttrain.errors.RegistryError` listing the valid names.
+up an unknown name raises `RegistryError` listing the valid names.
 Config and CLI code resolve names here, at the edge; estimators never see a registry.
 """
 

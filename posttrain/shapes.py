@@ -2,18 +2,18 @@
 
 Every tensor in a signature uses these letters, and a letter never changes meaning:
 
-=====  ==================================================================
-G      prompts / groups
-K      samples (rollouts) per prompt
-B      flat sequences; ``B = G * K`` when a batch is grouped
-T      token positions of a response
-V      vocabulary size
-A      arms of a bandit
-S      SDE time steps
-D      state or parameter dimension
-P      evolution-strategies population
-N      Monte Carlo draws
-=====  ==================================================================
+|  |  |
+| --- | --- |
+| G | prompts / groups |
+| K | samples (rollouts) per prompt |
+| B | flat sequences; ``B = G * K`` when a batch is grouped |
+| T | token positions of a response |
+| V | vocabulary size |
+| A | arms of a bandit |
+| S | SDE time steps |
+| D | state or parameter dimension |
+| P | evolution-strategies population |
+| N | Monte Carlo draws |
 
 Masks are boolean and explicit (``Bool[Tensor, "B T"]``); log-space quantities are named
 (``logp``, ``log_ratio``); tensor roles keep fixed names: ``logp``, ``logp_old``, ``logp_ref``,

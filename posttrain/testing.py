@@ -6,13 +6,13 @@ posttrain imports it.
 
 Strategies (all return torch tensors and take the dtype to build):
 
-- :func:`grouped_rewards`: rewards ``[G, K]`` (optionally binary, optionally with constant groups);
-- :func:`response_masks`: boolean masks ``[B, T]`` with at least one True per row;
-- :func:`log_probs`: log-probabilities in ``[low, high]`` (``high <= 0``);
-- :func:`token_tensors`: bounded float tensors of a given shape;
-- :func:`policy_batches`: a consistent ``(logp, logp_old, advantages, mask)`` batch.
+- `grouped_rewards`: rewards ``[G, K]`` (optionally binary, optionally with constant groups);
+- `response_masks`: boolean masks ``[B, T]`` with at least one True per row;
+- `log_probs`: log-probabilities in ``[low, high]`` (``high <= 0``);
+- `token_tensors`: bounded float tensors of a given shape;
+- `policy_batches`: a consistent ``(logp, logp_old, advantages, mask)`` batch.
 
-:func:`check_estimator` runs the contract every public estimator passes (see its docstring)::
+`check_estimator` runs the contract every public estimator passes (see its docstring):
 
     def make_inputs(dtype):
         g = torch.Generator().manual_seed(0)
@@ -142,7 +142,7 @@ def response_masks(draw: st.DrawFn, shape: Sequence[int], *, contiguous: bool = 
 
 @dataclass(frozen=True)
 class PolicyBatch:
-    """Inputs of a per-token policy loss (see :func:`policy_batches`)."""
+    """Inputs of a per-token policy loss (see `policy_batches`)."""
 
     logp: Tensor
     logp_old: Tensor
@@ -197,7 +197,7 @@ def _same(a: Tensor, b: Tensor) -> bool:
 
 
 class _Runner:
-    """Holds the configuration of one :func:`check_estimator` call and collects failures."""
+    """Holds the configuration of one `check_estimator` call and collects failures."""
 
     def __init__(self, fn: Callable[..., Any], mask_arg: str | None) -> None:
         self.fn = fn
@@ -285,7 +285,7 @@ def check_estimator(
     check_annotations: bool = True,
     dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
 ) -> None:
-    """Run the estimator contract on ``fn``; raise :class:`ContractFailure` listing every broken item.
+    """Run the estimator contract on ``fn``; raise `ContractFailure` listing every broken item.
 
     ``make_inputs(dtype)`` returns the keyword arguments of one valid call, its float tensors in
     ``dtype``. Give every dimension a distinct size (e.g. ``G=2, K=3, T=5``) so that a wrong rank

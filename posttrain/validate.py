@@ -2,7 +2,7 @@
 
 Shape and dtype checks always run: they are cheap and catch most misuse. Value checks (finite
 entries, a non-empty mask, probabilities in range) need a pass over the data and a host sync, so
-one library-wide switch turns them off in hot loops::
+one library-wide switch turns them off in hot loops:
 
     with posttrain.validate.value_checks(False):
         loss = clipped_ratio_loss(...)
@@ -125,7 +125,7 @@ def check_in_range(name: str, value: float, low: float, high: float, *, closed: 
 def check_choice(name: str, value: object, choices: type[E]) -> E:
     """The member of the Enum ``choices`` that ``value`` is (or has as its value); DomainError naming ``name``.
 
-    Example:
+    Examples:
         >>> from posttrain.estimators import AggregationMode
         >>> check_choice("mode", "token-mean", AggregationMode)
         <AggregationMode.TOKEN_MEAN: 'token-mean'>

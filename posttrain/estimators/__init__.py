@@ -1,7 +1,7 @@
 """Pure torch estimators: advantages, ratios, policy losses, aggregation, KL, entropy, pass@k.
 
 Token tensors are ``[B, T]`` with a boolean response ``mask [B, T]``; sequence rewards ``[B]``;
-grouped rewards ``[G, K]`` (see :mod:`posttrain.shapes`). Every function here is pure: no hidden
+grouped rewards ``[G, K]`` (see `posttrain.shapes`). Every function here is pure: no hidden
 state, no global RNG, no config objects.
 """
 
@@ -75,7 +75,7 @@ __all__ = [
     "token_entropy",
 ]
 
-# --- distillation and mixed-signal methods (issue 5: specs 01, 04, 07, 08, 13) ---
+# --- distillation and mixed-signal methods (issue 5: docs: methods/opd_then_rl.md, methods/self_routing.md, methods/orarl.md, methods/open_mopd.md, methods/opd2.md) ---
 from posttrain.estimators import delta_distill, distill, distill_losses, distill_rules, mopd, orarl, routing
 from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages
 from posttrain.estimators.distill import (
@@ -119,7 +119,7 @@ __all__ += [
     "trrd_loss",
 ]
 
-# --- off-policy, replay, distribution matching, rollout allocation (issue 6: specs 02, 11, 14, 16) ---
+# --- off-policy, replay, distribution matching, rollout allocation (issue 6: docs: methods/hdr.md, methods/rail.md, methods/gflowrl.md, methods/sis.md) ---
 from posttrain.estimators import gflowrl, rail, replay, sis  # noqa: E402
 from posttrain.estimators.gflowrl import (  # noqa: E402
     flow_gap,
@@ -301,7 +301,7 @@ from posttrain.estimators.dpo import PREFERENCE_LOSSES, DPODiagnostics, dpo_loss
 
 __all__ += ["PREFERENCE_LOSSES", "DPODiagnostics", "dpo_loss", "register_preference_loss"]
 
-# --- CISPO (MiniMax-M1, arXiv:2506.13585), a base loss for SIS (spec 16) ---
+# --- CISPO (MiniMax-M1, arXiv:2506.13585), a base loss for SIS (docs: methods/sis.md) ---
 from posttrain.estimators.losses import CISPO_CLIP_MODES, cispo_loss  # noqa: E402
 
 __all__ += ["CISPO_CLIP_MODES", "cispo_loss"]

@@ -1,8 +1,8 @@
 """Two numerical helpers every estimator uses: masking that NaN cannot cross, and half precision in float32.
 
-- :func:`zero_off_mask` is *the* way to put exact zeros at masked positions: whatever a masked
+- `zero_off_mask` is *the* way to put exact zeros at masked positions: whatever a masked
   entry holds (NaN, +-inf) it reaches neither the value nor the gradient.
-- :func:`computes_in_float32` wraps an estimator so that float16/bfloat16 tensors are computed in
+- `computes_in_float32` wraps an estimator so that float16/bfloat16 tensors are computed in
   float32 and the floating outputs are returned in the input dtype (verl casts log-probs to float32
   before its losses for the same reason: ``exp`` of a log-ratio of 11.1 and the square of a reward
   of 256 overflow float16).
@@ -20,7 +20,7 @@ from torch import Tensor
 __all__ = ["HALF_DTYPES", "computes_in_float32", "zero_off_mask"]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-"""The dtypes that :func:`computes_in_float32` computes in float32."""
+"""The dtypes that `computes_in_float32` computes in float32."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -36,7 +36,7 @@ def zero_off_mask(values: Tensor, mask: Tensor, *, inplace: bool = False) -> Ten
     cost a host sync. ``inplace=True`` multiplies ``values`` in place: only for a temporary the
     caller owns.
 
-    Example:
+    Examples:
         >>> zero_off_mask(torch.tensor([1.0, float("nan"), -float("inf")]), torch.tensor([True, False, False]))
         tensor([1., 0., 0.])
     """

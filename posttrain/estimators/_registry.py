@@ -1,8 +1,8 @@
 """The estimator registries: advantage functions, policy losses and KL estimators.
 
 Registration happens at import time of the module that defines the function; a duplicate name
-fails there. Config and CLI code look functions up by name with :func:`get_advantage` /
-:func:`get_policy_loss` / :func:`get_kl`; the estimators themselves never see a config.
+fails there. Config and CLI code look functions up by name with `get_advantage` /
+`get_policy_loss` / `get_kl`; the estimators themselves never see a config.
 """
 
 from __future__ import annotations

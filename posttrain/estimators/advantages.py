@@ -2,7 +2,7 @@
 
 Rewards come as ``[G, K]`` (G prompts, K samples each); per-token advantages are ``[B, T]`` with
 ``B = G * K`` in row-major order (the K samples of prompt 0 first). Conventions follow verl's
-``core_algos`` (cross-checked against ``shared/golden``), see ``docs/anchors.md``.
+``core_algos`` (cross-checked against verl 0.9.1's recorded outputs in ``tests/estimators/data/``), see ``docs/anchors.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def group_rewards(
     Raises:
         ShapeError: wrong ranks or lengths, non-integer ids, or groups of unequal size.
 
-    Example:
+    Examples:
         >>> g, order = group_rewards(torch.tensor([1., 2., 3., 4.]), torch.tensor([7, 3, 7, 3]))
         >>> g.tolist(), order.tolist()
         ([[1.0, 3.0], [2.0, 4.0]], [0, 2, 1, 3])
@@ -95,17 +95,19 @@ def group_normalized_advantages(
 ) -> Float[Tensor, "G K"]:
     r"""Group-normalised advantages of GRPO (Dr.GRPO with ``scale_by_std=False``).
 
-    .. math:: A_{gk} = \frac{R_{gk} - \mu_g}{\sigma_g + \epsilon}\quad\text{or}\quad A_{gk} = R_{gk} - \mu_g
+    $$
+    A_{gk} = \frac{R_{gk} - \mu_g}{\sigma_g + \epsilon}\quad\text{or}\quad A_{gk} = R_{gk} - \mu_g
+    $$
 
-    with :math:`\mu_g` the group mean and :math:`\sigma_g` the Bessel-corrected group std. A
+    with $\mu_g$ the group mean and $\sigma_g$ the Bessel-corrected group std. A
     constant group gives exact zeros (detected, not left to rounding), with finite gradients. Convention: verl (``eps=1e-6`` added to the std); TRL uses
     ``eps=1e-4``, OpenRLHF ``1e-9``. With ``K == 1`` the std is undefined: verl sets
-    :math:`\mu = 0, \sigma = 1`; here a singleton group gives advantage 0 under either setting
+    $\mu = 0, \sigma = 1$; here a singleton group gives advantage 0 under either setting
     (no baseline information), which differs from verl.
 
     Args:
         rewards: ``[G, K]`` rewards, K samples for each of G prompts.
-        scale_by_std: divide by :math:`\sigma_g + \epsilon` (GRPO) or not (Dr.GRPO).
+        scale_by_std: divide by $\sigma_g + \epsilon$ (GRPO) or not (Dr.GRPO).
         eps: positive constant added to the std.
 
     Returns:
@@ -118,7 +120,7 @@ def group_normalized_advantages(
     References:
         Shao et al. 2024 (GRPO, arXiv:2402.03300); Liu et al. 2025 (Dr.GRPO, arXiv:2503.20783).
 
-    Example:
+    Examples:
         >>> group_normalized_advantages(torch.tensor([[1., 0., 0., 0.]])).tolist()  # doctest: +ELLIPSIS
         [[1.49999..., -0.49999..., -0.49999..., -0.49999...]]
         >>> group_normalized_advantages(torch.tensor([[1., 0., 0., 0.]]), scale_by_std=False).tolist()
@@ -151,7 +153,7 @@ def _centre(rewards: Tensor) -> tuple[Tensor, Tensor]:
 @register_advantage("drgrpo", paper="Liu et al. 2025, Understanding R1-Zero-like training, arXiv:2503.20783")
 @computes_in_float32
 def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
-    r"""Dr.GRPO advantages :math:`A_{gk} = R_{gk} - \mu_g` (no std scaling).
+    r"""Dr.GRPO advantages $A_{gk} = R_{gk} - \mu_g$ (no std scaling).
 
     Equal to ``group_normalized_advantages(rewards, scale_by_std=False)``; pair it with the constant
     normaliser ``aggregate(..., "seq-mean-token-sum-norm")``.
@@ -159,7 +161,7 @@ def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     References:
         Liu et al. 2025, Understanding R1-Zero-like training (arXiv:2503.20783).
 
-    Example:
+    Examples:
         >>> drgrpo_advantages(torch.tensor([[1., 0., 0., 0.]])).tolist()
         [[0.75, -0.25, -0.25, -0.25]]
     """
@@ -171,7 +173,9 @@ def drgrpo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
 def rloo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     r"""REINFORCE leave-one-out advantages.
 
-    .. math:: A_{gk} = R_{gk} - \frac{1}{K-1}\sum_{j\neq k} R_{gj} = \frac{K}{K-1}(R_{gk} - \mu_g)
+    $$
+    A_{gk} = R_{gk} - \frac{1}{K-1}\sum_{j\neq k} R_{gj} = \frac{K}{K-1}(R_{gk} - \mu_g)
+    $$
 
     Args:
         rewards: ``[G, K]`` with ``K >= 2``.
@@ -186,7 +190,7 @@ def rloo_advantages(rewards: Float[Tensor, "G K"]) -> Float[Tensor, "G K"]:
     References:
         Kool et al. 2019; Ahmadian et al. 2024 (arXiv:2402.14740).
 
-    Example:
+    Examples:
         >>> [round(x, 4) for x in rloo_advantages(torch.tensor([[1., 0., 0., 0.]]))[0].tolist()]
         [1.0, -0.3333, -0.3333, -0.3333]
     """
@@ -202,7 +206,7 @@ def broadcast_sequence_advantages(
 
     Masked positions are exactly 0 (even for a NaN advantage).
 
-    Example:
+    Examples:
         >>> broadcast_sequence_advantages(torch.tensor([1.0, -2.0]), torch.tensor([[True, False], [True, True]]))
         tensor([[ 1.,  0.],
                 [-2., -2.]])
@@ -230,10 +234,12 @@ def reinforce_pp_advantages(
 ) -> Float[Tensor, "B T"]:
     r"""REINFORCE++ advantages: discounted returns whitened over the batch's valid tokens.
 
-    .. math:: G_{it} = \sum_{t' \ge t} \gamma^{t'-t} m_{it'} r_{it'},\qquad
-              A = \frac{G - \mu}{\sqrt{\sigma^2 + \epsilon}} \cdot m
+    $$
+    G_{it} = \sum_{t' \ge t} \gamma^{t'-t} m_{it'} r_{it'},\qquad
+                  A = \frac{G - \mu}{\sqrt{\sigma^2 + \epsilon}} \cdot m
+    $$
 
-    with :math:`\mu, \sigma^2` the mean and Bessel variance over all masked tokens of the batch
+    with $\mu, \sigma^2$ the mean and Bessel variance over all masked tokens of the batch
     (verl's ``compute_reinforce_plus_plus_outcome_advantage``). Outcome rewards are usually placed
     on the last valid token.
 
@@ -247,8 +253,9 @@ def reinforce_pp_advantages(
         ``[B, T]`` advantages, zero on masked positions.
 
     Raises:
-        ShapeError: wrong rank, dtype or mismatched shapes. DomainError: empty mask, non-finite
-        rewards on valid tokens, ``gamma`` outside ``[0, 1]``, ``eps <= 0``.
+        ShapeError: wrong rank, dtype or mismatched shapes.
+        DomainError: empty mask, non-finite
+            rewards on valid tokens, ``gamma`` outside ``[0, 1]``, ``eps <= 0``.
 
     Masked positions contribute nothing; unlike verl, a *hole* in the mask (a masked span between
     valid tokens) does not reset the return (see ``docs/anchors.md``); for right-padded masks the
@@ -257,7 +264,7 @@ def reinforce_pp_advantages(
     References:
         Hu 2025, REINFORCE++ (arXiv:2501.03262).
 
-    Example:
+    Examples:
         >>> r = torch.tensor([[0., 0., 1.], [0., 0., 0.]])
         >>> m = torch.tensor([[True, True, True], [True, True, False]])
         >>> # returns 1, 1, 1 and 0, 0: mean 0.6, Bessel variance 0.3, (1 - 0.6) / sqrt(0.3) = 0.730
@@ -292,9 +299,11 @@ def reinforce_pp_baseline_advantages(
 ) -> Float[Tensor, "B T"]:
     r"""REINFORCE++-baseline: group-mean-centred outcome, broadcast to tokens, whitened over the batch.
 
-    .. math:: s_{gk} = R_{gk} - \mu_g,\qquad A_{it} = \frac{s_i - \mu_s}{\sqrt{\sigma_s^2 + \epsilon}}\, m_{it}
+    $$
+    s_{gk} = R_{gk} - \mu_g,\qquad A_{it} = \frac{s_i - \mu_s}{\sqrt{\sigma_s^2 + \epsilon}}\, m_{it}
+    $$
 
-    where :math:`\mu_s, \sigma_s^2` are the mean and Bessel variance of the broadcast score over
+    where $\mu_s, \sigma_s^2$ are the mean and Bessel variance of the broadcast score over
     all valid tokens of the batch (so long responses weigh more, as in verl).
 
     Args:
@@ -306,15 +315,16 @@ def reinforce_pp_baseline_advantages(
         ``[B, T]`` advantages, zero on masked positions.
 
     Raises:
-        ShapeError: wrong ranks or dtypes, mask rows not ``G*K``. DomainError: empty mask,
-        non-finite rewards, ``eps <= 0``.
+        ShapeError: wrong ranks or dtypes, mask rows not ``G*K``.
+        DomainError: empty mask,
+            non-finite rewards, ``eps <= 0``.
 
     A singleton group (``K == 1``) gets score 0 here; verl uses the reward itself (``docs/anchors.md``).
 
     References:
         Hu 2025, REINFORCE++ (arXiv:2501.03262).
 
-    Example:
+    Examples:
         >>> # scores 0.5, -0.5, 0, 0 on 2 tokens each: mean 0, Bessel variance 1/7, 0.5 * sqrt(7) = 1.323
         >>> m, r = torch.ones(4, 2, dtype=torch.bool), torch.tensor([[1., 0.], [1., 1.]])
         >>> [round(x, 3) for x in reinforce_pp_baseline_advantages(r, m)[:, 0].tolist()]

@@ -92,7 +92,7 @@ def _check_broadcast_mask(mask: Tensor, values: Tensor) -> None:
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """:math:`\\sum m \\cdot x` with masked entries replaced by zero (so NaN/inf there never leak).
+    """$\\sum m \\cdot x$ with masked entries replaced by zero (so NaN/inf there never leak).
 
     ``mask`` is boolean, of the shape of ``values`` or broadcastable to it.
     """
@@ -103,7 +103,7 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """:math:`\\sum m x / \\max(\\sum m, 1)`; rows with no valid entry give 0."""
+    """$\\sum m x / \\max(\\sum m, 1)$; rows with no valid entry give 0."""
     total = masked_sum(values, mask, dim)
     return total / _count(mask.expand(values.shape), dim, values.dtype).clamp(min=1)
 
@@ -111,9 +111,9 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def masked_whiten(
     values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], *, eps: float = 1e-8
 ) -> Float[Tensor, "B T"]:
-    r"""Whiten over all masked entries: :math:`(x - \mu) / \sqrt{\sigma^2 + \epsilon}`, times the mask.
+    r"""Whiten over all masked entries: $(x - \mu) / \sqrt{\sigma^2 + \epsilon}$, times the mask.
 
-    :math:`\mu` and the Bessel-corrected :math:`\sigma^2` are taken over the valid entries (verl's
+    $\mu$ and the Bessel-corrected $\sigma^2$ are taken over the valid entries (verl's
     ``masked_whiten``; a single valid entry has variance 0, where verl raises). Masked positions are
     0 in the output and never influence it.
 
@@ -126,7 +126,7 @@ def masked_whiten(
         ShapeError: non-float values, non-boolean or mismatched mask.
         DomainError: empty mask, ``eps <= 0``.
 
-    Example:
+    Examples:
         >>> x = torch.tensor([[1., 2., 3., float("nan")]])
         >>> masked_whiten(x, torch.tensor([[True, True, True, False]])).tolist()
         [[-1.0, 0.0, 1.0, 0.0]]
@@ -150,21 +150,21 @@ def normaliser(
     tokens: int | Tensor | None = None,
     rows: int | Tensor | None = None,
 ) -> Float[Tensor, ""]:
-    r"""The denominator :math:`Z` of :func:`aggregate` as a 0-d float64 tensor.
+    r"""The denominator $Z$ of `aggregate` as a 0-d float64 tensor.
 
-    Every mode is :math:`\mathrm{agg} = \sum_i w_i \sum_t m_{it} L_{it} / Z` with per-row weights
-    :math:`w_i` that depend on the row alone (:math:`1/n_i` for ``seq-mean-token-mean``, else 1,
-    see :func:`weighted_sum`) and, with :math:`N` valid tokens and :math:`S` non-empty rows:
+    Every mode is $\mathrm{agg} = \sum_i w_i \sum_t m_{it} L_{it} / Z$ with per-row weights
+    $w_i$ that depend on the row alone ($1/n_i$ for ``seq-mean-token-mean``, else 1,
+    see `weighted_sum`) and, with $N$ valid tokens and $S$ non-empty rows:
 
-    - ``token-mean``: :math:`Z = N`; ``token-sum``: :math:`Z = 1`;
-    - ``seq-mean-token-mean``, ``seq-mean-token-sum``: :math:`Z = S`; ``seq-mean-token-sum-norm``: :math:`Z = S H`.
+    - ``token-mean``: $Z = N$; ``token-sum``: $Z = 1$;
+    - ``seq-mean-token-mean``, ``seq-mean-token-sum``: $Z = S$; ``seq-mean-token-sum-norm``: $Z = S H$.
 
-    So for rows split into micro-batches or data-parallel ranks :math:`b`,
-    :math:`\mathrm{agg}(\text{all}) = \sum_b \mathrm{agg}(b)\,Z_b / Z`. ``tokens`` (:math:`N`) and
-    ``rows`` (:math:`S`) replace the local counts by those of a global batch; ``horizon``
-    (:math:`H`) defaults to the padded length ``T``. Counts are clamped to at least 1.
+    So for rows split into micro-batches or data-parallel ranks $b$,
+    $\mathrm{agg}(\text{all}) = \sum_b \mathrm{agg}(b)\,Z_b / Z$. ``tokens`` ($N$) and
+    ``rows`` ($S$) replace the local counts by those of a global batch; ``horizon``
+    ($H$) defaults to the padded length ``T``. Counts are clamped to at least 1.
 
-    Example:
+    Examples:
         >>> m = torch.tensor([[True, True, False], [True, True, True]])
         >>> [float(normaliser(m, x, horizon=4)) for x in ("token-mean", "seq-mean-token-sum-norm", "token-sum")]
         [5.0, 8.0, 1.0]
@@ -185,7 +185,7 @@ def normaliser(
 def weighted_sum(
     values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], mode: AggregationMode | str
 ) -> Float[Tensor, ""]:
-    r"""The numerator of :func:`aggregate`: :math:`\sum_i w_i \sum_t m_{it} L_{it}`, :math:`w_i = 1/n_i`
+    r"""The numerator of `aggregate`: $\sum_i w_i \sum_t m_{it} L_{it}$, $w_i = 1/n_i$
     for ``seq-mean-token-mean`` (fully masked rows contribute 0), else 1."""
     if AggregationMode.parse(mode) is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
         return (masked_sum(values, mask, dim=-1) / _count(mask, -1, values.dtype).clamp(min=1)).sum()
@@ -201,21 +201,21 @@ def aggregate(
 ) -> Float[Tensor, ""]:
     r"""Reduce a per-token matrix to a scalar.
 
-    With :math:`m` the mask, :math:`n_i = \sum_t m_{it}` and :math:`\mathcal{B}` the rows with
-    :math:`n_i > 0` (fully masked rows are excluded from sequence means):
+    With $m$ the mask, $n_i = \sum_t m_{it}$ and $\mathcal{B}$ the rows with
+    $n_i > 0$ (fully masked rows are excluded from sequence means):
 
-    - ``token-mean``: :math:`\sum m L / \sum m`
-    - ``token-sum``: :math:`\sum m L`
-    - ``seq-mean-token-mean``: :math:`\frac{1}{|\mathcal{B}|}\sum_{i\in\mathcal{B}} \frac{1}{n_i}\sum_t m L`
-    - ``seq-mean-token-sum``: :math:`\frac{1}{|\mathcal{B}|}\sum_{i\in\mathcal{B}} \sum_t m L`
-    - ``seq-mean-token-sum-norm``: :math:`\frac{1}{|\mathcal{B}| H}\sum_{i} \sum_t m L` with
-      :math:`H` = ``horizon`` (default ``T``); Dr.GRPO's constant normaliser. verl >= 0.7.1 divides
-      by :math:`B H`; verl <= 0.7.0 divided by :math:`H` only (multiply by :math:`|\mathcal{B}|`).
+    - ``token-mean``: $\sum m L / \sum m$
+    - ``token-sum``: $\sum m L$
+    - ``seq-mean-token-mean``: $\frac{1}{|\mathcal{B}|}\sum_{i\in\mathcal{B}} \frac{1}{n_i}\sum_t m L$
+    - ``seq-mean-token-sum``: $\frac{1}{|\mathcal{B}|}\sum_{i\in\mathcal{B}} \sum_t m L$
+    - ``seq-mean-token-sum-norm``: $\frac{1}{|\mathcal{B}| H}\sum_{i} \sum_t m L$ with
+      $H$ = ``horizon`` (default ``T``); Dr.GRPO's constant normaliser. verl >= 0.7.1 divides
+      by $B H$; verl <= 0.7.0 divided by $H$ only (multiply by $|\mathcal{B}|$).
 
     Args:
         values: ``[B, T]`` per-token values (masked entries may hold anything, even NaN).
         mask: ``[B, T]`` boolean, at least one True.
-        mode: an :class:`AggregationMode` or its string value.
+        mode: an `AggregationMode` or its string value.
         horizon: the constant ``H`` of ``seq-mean-token-sum-norm``; positive.
 
     Returns:
@@ -225,7 +225,7 @@ def aggregate(
         ShapeError: wrong rank, dtype or mismatched shapes.
         DomainError: unknown mode, empty mask, ``horizon <= 0``.
 
-    Example:
+    Examples:
         >>> v = torch.tensor([[1., 1., 0., 0.], [2., 2., 2., 2.]])
         >>> m = torch.tensor([[True, True, False, False], [True] * 4])
         >>> round(float(aggregate(v, m, "token-mean")), 4), float(aggregate(v, m, "seq-mean-token-mean"))
@@ -252,30 +252,30 @@ def global_aggregate(
     global_batch_size: int | Tensor | None = None,
     loss_scale_factor: float | None = None,
 ) -> Float[Tensor, ""]:
-    r"""One data-parallel rank's share of :func:`aggregate` over the global batch.
+    r"""One data-parallel rank's share of `aggregate` over the global batch.
 
-    With :math:`D` = ``dp_size``, :math:`N` = ``batch_num_tokens`` (valid tokens of the global batch),
-    :math:`S` = ``global_batch_size`` (its non-empty sequences), :math:`H` = ``loss_scale_factor``
-    (default the padded length ``T``), :math:`n_i` the valid tokens of local row :math:`i`:
+    With $D$ = ``dp_size``, $N$ = ``batch_num_tokens`` (valid tokens of the global batch),
+    $S$ = ``global_batch_size`` (its non-empty sequences), $H$ = ``loss_scale_factor``
+    (default the padded length ``T``), $n_i$ the valid tokens of local row $i$:
 
-    - ``token-mean``: :math:`D\sum m L / N`;  ``token-sum``: :math:`D\sum m L`
-    - ``seq-mean-token-mean``: :math:`\frac{D}{S}\sum_i \frac{1}{n_i}\sum_t m L`
-    - ``seq-mean-token-sum``: :math:`\frac{D}{S}\sum_i\sum_t m L`;  ``-norm``: that divided by :math:`H`
+    - ``token-mean``: $D\sum m L / N$;  ``token-sum``: $D\sum m L$
+    - ``seq-mean-token-mean``: $\frac{D}{S}\sum_i \frac{1}{n_i}\sum_t m L$
+    - ``seq-mean-token-sum``: $\frac{D}{S}\sum_i\sum_t m L$;  ``-norm``: that divided by $H$
 
     so the mean over ranks (what data-parallel gradient averaging computes) is the full-batch
-    :func:`aggregate`. Missing ``N`` / ``S`` default to the local counts, so with
+    `aggregate`. Missing ``N`` / ``S`` default to the local counts, so with
     ``dp_size=1`` and no global facts this *is* ``aggregate`` (verl's ``agg_loss`` convention).
 
     Args:
         values: ``[B, T]`` per-token loss. mask: ``[B, T]`` boolean.
-        mode: an :class:`AggregationMode` or verl's ``loss_agg_mode`` string
+        mode: an `AggregationMode` or verl's ``loss_agg_mode`` string
             (the names are the same).
         dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: verl's ``global_batch_info``.
 
     Raises:
         DomainError: unknown mode; ``dp_size > 1`` without the global count the mode needs.
 
-    Example:
+    Examples:
         >>> v = torch.tensor([[1., 1., 0., 0.], [2., 2., 2., 2.]])
         >>> m = torch.tensor([[True, True, False, False], [True] * 4])
         >>> round(float(global_aggregate(v, m, "token-mean")), 4)  # one rank: aggregate

@@ -2,7 +2,7 @@ r"""Sample-based coverage metrics of Hayes et al. 2026 (arXiv:2608.12679, §3.1,
 
 Answers are integer ids ``[X, n]`` (``X`` prompts, ``n`` samples each) with ``-1`` for a failed
 extraction; correctness is a boolean ``[X, n]``. Conventions: a failed extraction counts as
-incorrect for bins, is excluded from answer entropy, and abstains in majority votes (spec 10 §3.5).
+incorrect for bins, is excluded from answer entropy, and abstains in majority votes (docs: methods/es_solution_coverage.md).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def _check_answers(answers: Tensor) -> Tensor:
 
 def accuracy_bins(correct: Bool[Tensor, "X n"], *, width: float = 0.1) -> Int[Tensor, " bins"]:
     r"""Histogram of per-prompt accuracy: bin 0 = no correct sample, last bin = all correct, between them
-    :math:`(w(i-1), wi]` for :math:`i = 1..\lceil 1/w\rceil` (fractions strictly between 0 and 1).
+    $(w(i-1), wi]$ for $i = 1..\lceil 1/w\rceil$ (fractions strictly between 0 and 1).
 
-    Example:
+    Examples:
         >>> accuracy_bins(torch.tensor([[0, 0], [1, 0], [1, 1]]).bool(), width=0.5).tolist()
         [1, 1, 0, 1]
     """
@@ -52,10 +52,10 @@ def accuracy_bins(correct: Bool[Tensor, "X n"], *, width: float = 0.1) -> Int[Te
 def answer_entropy(answers: Int[Tensor, "X n"]) -> Tensor:
     r"""Per-prompt entropy (nats) of the empirical distribution of extracted answers, failures excluded.
 
-    :math:`H = -\sum_u f_u\log f_u = -\frac1{n_v}\sum_{i\,\text{valid}}\log f_{a_i}` with :math:`n_v` the
+    $H = -\sum_u f_u\log f_u = -\frac1{n_v}\sum_{i\,\text{valid}}\log f_{a_i}$ with $n_v$ the
     number of valid answers; 0 for a prompt without any. Returns ``[X]`` float64.
 
-    Example:
+    Examples:
         >>> [round(h, 4) for h in answer_entropy(torch.tensor([[1, 1, 2, 2], [5, 5, 5, -1]])).tolist()]
         [0.6931, 0.0]
     """
@@ -75,7 +75,7 @@ def majority_vote_correct(answers: Int[Tensor, "X n"], gold: Int[Tensor, " X"], 
     that appears first, a rule that does not look at answer labels, so relabelling answers
     (e.g. wrong ones) never changes the outcome.
 
-    Example:
+    Examples:
         >>> majority_vote_correct(torch.tensor([[3, 4, 4, 3], [-1, -1, 7, 2]]), torch.tensor([3, 7]), k=4).tolist()
         [True, True]
     """

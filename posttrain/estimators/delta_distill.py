@@ -3,16 +3,21 @@ r"""OPD²: on-policy distillation of the delta teacher-minus-teacher-base, and t
 Per position, with student top-K support columns (``[B, T, K]``, K = top-k size) and the
 sampled token (``[B, T]``), all log-probs full-vocab normalised at the same temperature:
 
-.. math::
-    R^{OPD}_t = \ell^*_t - \ell^\theta_t,\qquad R^{\Delta}_t = \ell^*_t - \ell^{base}_t,
+$$
+R^{OPD}_t = \ell^*_t - \ell^\theta_t,\qquad R^{\Delta}_t = \ell^*_t - \ell^{base}_t,
+$$
 
-    A^{OPD}_t = R^{OPD}_t - \sum_k p_k(\ell^*_k - \ell^\theta_k),\qquad
-    A^{\Delta}_t = R^{\Delta}_t - \sum_k p_k(\ell^*_k - \ell^{base}_k),
+$$
+A^{OPD}_t = R^{OPD}_t - \sum_k p_k(\ell^*_k - \ell^\theta_k),\qquad
+A^{\Delta}_t = R^{\Delta}_t - \sum_k p_k(\ell^*_k - \ell^{base}_k),
+$$
 
-    A^{D^2}_t = A^\Delta_t\,[A^\Delta_t A^{OPD}_t > 0]\quad(\times\,0.1,\ \text{minus a bias})
+$$
+A^{D^2}_t = A^\Delta_t\,[A^\Delta_t A^{OPD}_t > 0]\quad(\times\,0.1,\ \text{minus a bias})
+$$
 
-with :math:`p_k = e^{\ell^\theta_k}` the student's full-vocab probabilities (not renormalised over
-K). Everything is detached. ExOPD: :math:`\lambda(\ell^*-\ell^{ref}) - (\ell^\theta-\ell^{ref})`.
+with $p_k = e^{\ell^\theta_k}$ the student's full-vocab probabilities (not renormalised over
+K). Everything is detached. ExOPD: $\lambda(\ell^*-\ell^{ref}) - (\ell^\theta-\ell^{ref})$.
 
 References: Heo, Hwang, Yun, Han 2026, On-Policy Delta Distillation (arXiv:2607.15161);
 ExOPD / G-OPD reward extrapolation (arXiv:2602.12125).
@@ -51,9 +56,9 @@ _PAPER = "Heo et al. 2026, On-Policy Delta Distillation, arXiv:2607.15161"
 
 
 def tempered_log_softmax(logits: Float[Tensor, "B T V"], *, tau: float = 0.7) -> Float[Tensor, "B T V"]:
-    r"""Full-vocab :math:`\log\mathrm{softmax}(z/\tau)` in float32 or wider (same τ for all three models).
+    r"""Full-vocab $\log\mathrm{softmax}(z/\tau)$ in float32 or wider (same τ for all three models).
 
-    Example:
+    Examples:
         >>> round(float(tempered_log_softmax(torch.zeros(1, 1, 4), tau=0.7)[0, 0, 0].exp()), 4)
         0.25
     """
@@ -66,7 +71,7 @@ def tempered_log_softmax(logits: Float[Tensor, "B T V"], *, tau: float = 0.7) ->
 def topk_support(logp_student: Float[Tensor, "B T V"], sampled: Int[Tensor, "B T"], *, k: int) -> Int[Tensor, "B T K"]:
     """The student's top-``k`` ids per position, the sampled id forced into the last column if absent.
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[[0.5, 0.3, 0.15, 0.05]]]))
         >>> topk_support(lp, torch.tensor([[3]]), k=2).tolist()
         [[[0, 3]]]
@@ -89,12 +94,12 @@ def sampled_on_support(
     sampled: Int[Tensor, "B T"],
     mask: Bool[Tensor, "B T"],
 ) -> Float[Tensor, "B T"]:
-    """The column of ``values_k`` whose id is the sampled token (:func:`topk_support` puts it in the support).
+    """The column of ``values_k`` whose id is the sampled token (`topk_support` puts it in the support).
 
     Raises:
         DomainError: the sampled id is missing from ``topk_ids`` at a valid (mask=True) position.
 
-    Example:
+    Examples:
         >>> ids = torch.tensor([[[0, 3], [1, 2]]])
         >>> sampled_on_support(torch.tensor([[[-0.5, -2.0], [-1.0, -0.7]]]), ids, torch.tensor([[3, 1]]),
         ...                    torch.tensor([[True, True]])).tolist()
@@ -119,9 +124,9 @@ def sampled_on_support(
 def student_expectation(
     logp_student_k: Float[Tensor, "B T K"], values_k: Float[Tensor, "B T K"]
 ) -> Float[Tensor, "B T"]:
-    r""":math:`\sum_k e^{\ell^\theta_k} x_k`: top-K expectation under the student, weights not renormalised.
+    r"""$\sum_k e^{\ell^\theta_k} x_k$: top-K expectation under the student, weights not renormalised.
 
-    Example:
+    Examples:
         >>> float(student_expectation(torch.log(torch.tensor([[[0.5, 0.25]]])), torch.tensor([[[2.0, 4.0]]])))
         2.0
     """
@@ -133,7 +138,7 @@ def student_expectation(
 def centered_advantage(
     reward: Float[Tensor, "B T"], logp_student_k: Float[Tensor, "B T K"], reward_k: Float[Tensor, "B T K"]
 ) -> Float[Tensor, "B T"]:
-    r"""Centred token advantage :math:`R_t - \sum_k p_k R_k` (the student's expected reward is subtracted)."""
+    r"""Centred token advantage $R_t - \sum_k p_k R_k$ (the student's expected reward is subtracted)."""
     check_float("reward", reward, ndim=2)
     if tuple(reward.shape) != tuple(logp_student_k.shape[:2]):
         raise ShapeError(f"reward: expected shape {list(logp_student_k.shape[:2])}, got {list(reward.shape)}")
@@ -159,24 +164,26 @@ def opd2_advantages(
 ) -> Float[Tensor, "B T"]:
     r"""OPD² per-token advantage (delta signal, student-centred, sign-gated by the centred OPD advantage).
 
-    .. math:: A_t = s\,\big(A^{\Delta}_t\,[A^\Delta_t A^{OPD}_t > 0] - b\big)\,m_t
+    $$
+    A_t = s\,\big(A^{\Delta}_t\,[A^\Delta_t A^{OPD}_t > 0] - b\big)\,m_t
+    $$
 
-    Ablations by flag: ``use_delta=False`` uses :math:`A^{OPD}` itself ("no delta" = centred OPD);
+    Ablations by flag: ``use_delta=False`` uses $A^{OPD}$ itself ("no delta" = centred OPD);
     ``condition=False`` drops the gate ("no condition"); ``center=False`` uses the uncentred
-    :math:`R^\Delta` gated by :math:`\operatorname{sign}(R^\Delta A^{OPD})` ("no centering").
+    $R^\Delta$ gated by $\operatorname{sign}(R^\Delta A^{OPD})$ ("no centering").
     Non-finite values become 0.
 
     Args:
         logp_student, logp_teacher, logp_base: ``[B, T]`` log-probs of the sampled token under
-            the student, the teacher :math:`\pi^*` and the teacher-base :math:`\pi^*_{base}`.
+            the student, the teacher $\pi^*$ and the teacher-base $\pi^*_{base}$.
         logp_student_k, logp_teacher_k, logp_base_k: ``[B, T, K]`` log-probs on the student's
-            top-K ids (:func:`topk_support`).
+            top-K ids (`topk_support`).
         mask: ``[B, T]`` boolean. scale: the global reward scale (0.1). bias: ``rewards_bias`` (0).
 
     Returns:
         ``[B, T]`` detached advantages, 0 off the mask.
 
-    Example:
+    Examples:
         >>> ls = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> lt = torch.log(torch.tensor([[[0.8, 0.2]]]))
         >>> lb = torch.log(torch.tensor([[[0.5, 0.5]]]))
@@ -229,12 +236,12 @@ def exopd_advantages(
     lam: float = 1.25,
     scale: float = 0.1,
 ) -> Float[Tensor, "B T"]:
-    r"""ExOPD per-token reward :math:`s\,[\lambda(\ell^*-\ell^{ref}) - (\ell^\theta-\ell^{ref})]` (detached).
+    r"""ExOPD per-token reward $s\,[\lambda(\ell^*-\ell^{ref}) - (\ell^\theta-\ell^{ref})]$ (detached).
 
-    ``lam = 1`` gives the OPD reward :math:`s(\ell^*-\ell^\theta)` for any reference; the spec-13
+    ``lam = 1`` gives the OPD reward $s(\ell^*-\ell^\theta)$ for any reference; the paper's (docs: methods/opd2.md)
     default reference is the teacher-base.
 
-    Example:
+    Examples:
         >>> z = torch.zeros(1, 1)
         >>> float(exopd_advantages(z, torch.ones(1, 1), z, torch.tensor([[True]]), scale=1.0))
         1.25

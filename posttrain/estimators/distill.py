@@ -1,16 +1,16 @@
 r"""On-policy distillation (OPD) signals from teacher log-probs, and distillation diagnostics.
 
 The per-token OPD advantage is the sampled-token reverse-KL estimator
-:math:`d_t = \log\pi_T(y_t\mid h_t) - \log\pi_{old}(y_t\mid h_t)` (detached); summed over t and
-averaged over student samples it is :math:`-\mathrm{KL}(\pi_\theta\|\pi_T)` at sequence level.
+$d_t = \log\pi_T(y_t\mid h_t) - \log\pi_{old}(y_t\mid h_t)$ (detached); summed over t and
+averaged over student samples it is $-\mathrm{KL}(\pi_\theta\|\pi_T)$ at sequence level.
 Full-distribution (``[B, T, V]``) and top-k (``[B, T, K]``) forms give the same quantity as an
 exact expectation over the student's next-token distribution (or its top-k part).
 
 Shapes: ``[B, T]`` token tensors with a boolean ``mask``; ``[B, T, V]`` full log-prob tables;
-``[B, T, K]`` top-k columns (here ``K`` is the top-k support size, as in specs 08 and 13).
-The combination rules of spec 01 (KDRL, SRPO, RLSD, OPD-then-RL, ...) live in
-:mod:`posttrain.estimators.distill_rules`; the losses that take the teacher inside the loss (TRRD,
-and OPD / KDRL for the LLM trainer) in :mod:`posttrain.estimators.distill_losses`.
+``[B, T, K]`` top-k columns (here ``K`` is the top-k support size, as in docs: methods/open_mopd.md, methods/opd2.md).
+The combination rules of the paper (docs: methods/opd_then_rl.md) (KDRL, SRPO, RLSD, OPD-then-RL, ...) live in
+`posttrain.estimators.distill_rules`; the losses that take the teacher inside the loss (TRRD,
+and OPD / KDRL for the LLM trainer) in `posttrain.estimators.distill_losses`.
 
 References: Agarwal et al. 2024, On-policy distillation (GKD, arXiv:2306.13649); Li et al. 2026,
 Sequential Beats Joint (arXiv:2609.04108).
@@ -50,12 +50,12 @@ _OPD_PAPER = "Agarwal et al. 2024, GKD, arXiv:2306.13649; Li et al. 2026, arXiv:
 
 
 def eos_teacher_mask(mask: Bool[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
-    """``mask`` with the last valid position of every row set to False (spec 01's EOS rule).
+    """``mask`` with the last valid position of every row set to False (the paper's (docs: methods/opd_then_rl.md) EOS rule).
 
     Teacher and base student often use different EOS tokens, so the teacher's log-prob of the
     student's EOS is meaningless; teacher terms are zeroed there.
 
-    Example:
+    Examples:
         >>> eos_teacher_mask(torch.tensor([[True, True, False], [True, True, True]])).tolist()
         [[True, False, False], [True, True, False]]
     """
@@ -77,12 +77,14 @@ def opd_token_advantages(
     *,
     teacher_mask: Bool[Tensor, "B T"] | None = None,
 ) -> Float[Tensor, "B T"]:
-    r"""Per-token OPD advantage :math:`d_t = \log\pi_T(y_t) - \log\pi_{old}(y_t)` (detached).
+    r"""Per-token OPD advantage $d_t = \log\pi_T(y_t) - \log\pi_{old}(y_t)$ (detached).
 
-    .. math:: d_{it} = m^{T}_{it}\,\big(\ell^{T}_{it} - \ell^{old}_{it}\big)
+    $$
+    d_{it} = m^{T}_{it}\,\big(\ell^{T}_{it} - \ell^{old}_{it}\big)
+    $$
 
-    with :math:`m^T` = ``teacher_mask`` (default ``mask``; use :func:`eos_teacher_mask` for the
-    spec-01 EOS rule). Positions outside the teacher mask are exactly 0.
+    with $m^T$ = ``teacher_mask`` (default ``mask``; use `eos_teacher_mask` for the
+    docs: methods/opd_then_rl.md EOS rule). Positions outside the teacher mask are exactly 0.
 
     Args:
         logp_teacher: ``[B, T]`` teacher log-prob of the student's sampled token.
@@ -94,10 +96,11 @@ def opd_token_advantages(
         ``[B, T]`` advantages without gradient.
 
     Raises:
-        ShapeError: wrong ranks/shapes/dtypes. DomainError: non-finite log-probs on the mask, or a
-        ``teacher_mask`` that is not a subset of ``mask``.
+        ShapeError: wrong ranks/shapes/dtypes.
+        DomainError: non-finite log-probs on the mask, or a
+            ``teacher_mask`` that is not a subset of ``mask``.
 
-    Example:
+    Examples:
         >>> lt = torch.log(torch.tensor([[0.5, 0.25]]))
         >>> lo = torch.log(torch.tensor([[0.25, 0.25]]))
         >>> [round(x, 4) for x in opd_token_advantages(lt, lo, torch.tensor([[True, True]]))[0].tolist()]
@@ -118,11 +121,11 @@ def opd_token_advantages(
 
 @computes_in_float32
 def full_reverse_kl(logp_student: Float[Tensor, "B T V"], logp_teacher: Float[Tensor, "B T V"]) -> Float[Tensor, "B T"]:
-    r"""Exact per-position reverse KL :math:`\sum_v \pi_\theta(v)(\ell^\theta_v-\ell^T_v)`.
+    r"""Exact per-position reverse KL $\sum_v \pi_\theta(v)(\ell^\theta_v-\ell^T_v)$.
 
     Gradients flow through ``logp_student`` (the analytic OPD / OPSD loss); detach it for a
-    signal. Entries with :math:`\pi_\theta(v)=0` contribute 0 even if the teacher puts
-    :math:`-\infty` there.
+    signal. Entries with $\pi_\theta(v)=0$ contribute 0 even if the teacher puts
+    $-\infty$ there.
 
     Args:
         logp_student, logp_teacher: ``[..., V]`` normalised log-probabilities.
@@ -132,10 +135,10 @@ def full_reverse_kl(logp_student: Float[Tensor, "B T V"], logp_teacher: Float[Te
 
     Raises:
         ShapeError: non-float or mismatched inputs. DomainError (value checks on): the teacher's
-        log-prob is :math:`-\infty` where the student's probability is positive (the KL is
-        :math:`+\infty`), or a NaN where the student's probability is positive.
+            log-prob is $-\infty$ where the student's probability is positive (the KL is
+            $+\infty$), or a NaN where the student's probability is positive.
 
-    Example:
+    Examples:
         >>> ls = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> lt = torch.log(torch.tensor([[[0.75, 0.25]]]))
         >>> round(float(full_reverse_kl(ls, lt)), 4)
@@ -164,11 +167,13 @@ def topk_reverse_kl_reward(
 ) -> Float[Tensor, "B T K"]:
     r"""Per-candidate top-k OPD reward with renormalised student weights (Open-MOPD form).
 
-    .. math:: \tilde p_k = \operatorname{softmax}_{k\le K}(\ell^S_k),\qquad
-              r_{t,k} = \operatorname{sg}\big[(\ell^T_k - \ell^S_k)\,\tilde p_k\big]\,m_t
+    $$
+    \tilde p_k = \operatorname{softmax}_{k\le K}(\ell^S_k),\qquad
+                  r_{t,k} = \operatorname{sg}\big[(\ell^T_k - \ell^S_k)\,\tilde p_k\big]\,m_t
+    $$
 
-    :math:`\sum_k r_{t,k}` is minus the top-K reverse KL estimate; for K = V it is exactly
-    :math:`-\mathrm{KL}(p_S\|p_T)`.
+    $\sum_k r_{t,k}$ is minus the top-K reverse KL estimate; for K = V it is exactly
+    $-\mathrm{KL}(p_S\|p_T)$.
 
     Args:
         logp_student_k: ``[B, T, K]`` student log-probs on its top-K ids (full-vocab normalised).
@@ -181,7 +186,7 @@ def topk_reverse_kl_reward(
     References:
         Gao et al. 2026, Open-MOPD (arXiv:2608.19098).
 
-    Example:
+    Examples:
         >>> ls = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> lt = torch.log(torch.tensor([[[0.75, 0.25]]]))
         >>> round(float(topk_reverse_kl_reward(ls, lt, torch.tensor([[True]])).sum()), 4)
@@ -205,12 +210,12 @@ def topk_reverse_kl(
     *,
     chunk_size: int = 16384,
 ) -> Float[Tensor, "B T"]:
-    r"""Top-K reverse-KL estimate :math:`\sum_k \tilde p_k(\ell^S_k-\ell^T_k)` per position (detached, 0 off mask).
+    r"""Top-K reverse-KL estimate $\sum_k \tilde p_k(\ell^S_k-\ell^T_k)$ per position (detached, 0 off mask).
 
     Equal to ``-topk_reverse_kl_reward(...).sum(-1)`` but computed ``chunk_size`` positions at a
     time, so the ``[B, T, K]`` intermediates never exist at once (memory-bound otherwise).
 
-    Example:
+    Examples:
         >>> ls = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> lt = torch.log(torch.tensor([[[0.75, 0.25]]]))
         >>> round(float(topk_reverse_kl(ls, lt, torch.tensor([[True]]))), 4)
@@ -235,15 +240,15 @@ def topk_reverse_kl(
 def topk_overlap(
     logp_student: Float[Tensor, "B T V"], logp_teacher: Float[Tensor, "B T V"], *, k: int
 ) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"]]:
-    r"""Top-K overlap diagnostic of spec 01: :math:`|\Omega_K|/K` and the shared student mass.
+    r"""Top-K overlap diagnostic of the paper (docs: methods/opd_then_rl.md): $|\Omega_K|/K$ and the shared student mass.
 
-    :math:`\Omega_K` is the intersection of the student's and the teacher's top-K next-token sets;
-    the shared mass is :math:`\sum_{y\in\Omega_K} p_S(y)`.
+    $\Omega_K$ is the intersection of the student's and the teacher's top-K next-token sets;
+    the shared mass is $\sum_{y\in\Omega_K} p_S(y)$.
 
     Returns:
         ``(overlap_ratio [B, T], shared_mass [B, T])``.
 
-    Example:
+    Examples:
         >>> ls = torch.log(torch.tensor([[[0.6, 0.3, 0.1]]]))
         >>> lt = torch.log(torch.tensor([[[0.1, 0.3, 0.6]]]))
         >>> [round(float(x), 4) for x in topk_overlap(ls, lt, k=2)]
@@ -263,21 +268,23 @@ def topk_overlap(
 
 
 def sign_conflict_rate(delta: Float[Tensor, " D"], delta_opd: Float[Tensor, " D"], *, top_fraction: float) -> Tensor:
-    r"""Sign-conflict rate of a parameter update against the OPD update (spec 01, §3).
+    r"""Sign-conflict rate of a parameter update against the OPD update (docs: methods/opd_then_rl.md).
 
-    .. math:: S_K = \text{top-}K\%\text{ indices by }|\Delta\theta^{OPD}|,\qquad
-              \mathrm{SCR} = \frac{|\{i\in S_K: \mathrm{sgn}\,\Delta\theta_i \ne
-              \mathrm{sgn}\,\Delta\theta^{OPD}_i\}|}{|S_K|}
+    $$
+    S_K = \text{top-}K\%\text{ indices by }|\Delta\theta^{OPD}|,\qquad
+                  \mathrm{SCR} = \frac{|\{i\in S_K: \mathrm{sgn}\,\Delta\theta_i \ne
+                  \mathrm{sgn}\,\Delta\theta^{OPD}_i\}|}{|S_K|}
+    $$
 
     Args:
-        delta: ``[D]`` flattened update of the method, :math:`\theta^m - \theta^{base}`.
+        delta: ``[D]`` flattened update of the method, $\theta^m - \theta^{base}$.
         delta_opd: ``[D]`` flattened OPD update.
         top_fraction: K as a fraction in (0, 1].
 
     Returns:
         0-d tensor in [0, 1].
 
-    Example:
+    Examples:
         >>> float(sign_conflict_rate(torch.tensor([1., -1., 1.]), torch.tensor([2., 1., -0.1]), top_fraction=2 / 3))
         0.5
     """

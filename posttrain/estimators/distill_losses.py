@@ -1,9 +1,9 @@
-r"""Policy losses that use the teacher inside the loss (spec 01's TRRD, and OPD / KDRL for a trainer).
+r"""Policy losses that use the teacher inside the loss (the paper's (docs: methods/opd_then_rl.md) TRRD, and OPD / KDRL for a trainer).
 
 They follow the trainer's calling convention ``loss(logp, logp_old, advantages, mask, **needs)``:
 ``logp_teacher`` is a keyword-only argument, so an LLM trainer that fills batch fields named in a
 loss's signature (``posttrain.llm.methods.algorithm``) runs the teacher forward for exactly these losses.
-``advantages`` are the RL advantages :math:`\hat A` (``[B]`` or ``[B, T]``).
+``advantages`` are the RL advantages $\hat A$ (``[B]`` or ``[B, T]``).
 
 Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
 """
@@ -59,14 +59,16 @@ def opd_policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
-    r"""PPO-clip loss on the OPD advantage :math:`d_t` (``beta=None``) or on KDRL's :math:`\hat A + \beta d_t`.
+    r"""PPO-clip loss on the OPD advantage $d_t$ (``beta=None``) or on KDRL's $\hat A + \beta d_t$.
 
-    .. math:: d_t = \mathrm{sg}[\ell^T_t - \ell^{old}_t],\qquad
-              A_t = d_t\ \ (\beta = \text{None})\quad\text{or}\quad A_t = \hat A_t + \beta d_t
+    $$
+    d_t = \mathrm{sg}[\ell^T_t - \ell^{old}_t],\qquad
+                  A_t = d_t\ \ (\beta = \text{None})\quad\text{or}\quad A_t = \hat A_t + \beta d_t
+    $$
 
-    ``mask_final_token`` applies spec 01's EOS rule (teacher terms 0 on each row's last token).
+    ``mask_final_token`` applies the paper's (docs: methods/opd_then_rl.md) EOS rule (teacher terms 0 on each row's last token).
 
-    Example:
+    Examples:
         >>> lp = torch.zeros(1, 2)
         >>> m = torch.ones(1, 2, dtype=torch.bool)
         >>> loss, _ = opd_policy_loss(lp, lp, torch.zeros(1), m, logp_teacher=torch.full((1, 2), -0.5))
@@ -98,26 +100,28 @@ def trrd_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
-    r"""TRRD: PPO-clip loss with the ratio against the geometric mixture :math:`\pi_{old}^\alpha\pi_T^{1-\alpha}`.
+    r"""TRRD: PPO-clip loss with the ratio against the geometric mixture $\pi_{old}^\alpha\pi_T^{1-\alpha}$.
 
-    .. math:: \log\rho_t = \alpha(\ell_t - \ell^{old}_t) + (1-\alpha)(\ell_t - \ell^T_t)
-              = (\ell_t - \ell^{old}_t) - (1-\alpha)\,d_t
+    $$
+    \log\rho_t = \alpha(\ell_t - \ell^{old}_t) + (1-\alpha)(\ell_t - \ell^T_t)
+                  = (\ell_t - \ell^{old}_t) - (1-\alpha)\,d_t
+    $$
 
-    with :math:`d_t = \ell^T_t - \ell^{old}_t` (0 outside the teacher mask), i.e.
-    :math:`\rho = r^\alpha e^{-(1-\alpha)d_t}` in value. *Reconstructed reading* (spec 01 §10): the
-    gradient flows through :math:`\ell` in both terms; ``teacher_grad=False`` keeps only
-    :math:`\alpha\nabla\ell` (the teacher factor as a constant). ``alpha = 1`` is the GRPO ratio.
-    The advantage is the unmodified :math:`\hat A`, so the sign of :math:`A` never changes.
+    with $d_t = \ell^T_t - \ell^{old}_t$ (0 outside the teacher mask), i.e.
+    $\rho = r^\alpha e^{-(1-\alpha)d_t}$ in value. *Reconstructed reading* (docs: methods/opd_then_rl.md): the
+    gradient flows through $\ell$ in both terms; ``teacher_grad=False`` keeps only
+    $\alpha\nabla\ell$ (the teacher factor as a constant). ``alpha = 1`` is the GRPO ratio.
+    The advantage is the unmodified $\hat A$, so the sign of $A$ never changes.
 
     Args:
         logp, logp_old, logp_teacher: ``[B, T]`` log-probs of the sampled tokens.
         advantages: ``[B]`` or ``[B, T]``. mask, teacher_mask: ``[B, T]`` boolean.
-        alpha: :math:`\alpha \in [0, 1]`; the paper uses 0.5.
+        alpha: $\alpha \in [0, 1]$; the paper uses 0.5.
 
     Returns:
         ``(loss [B, T], ClipDiagnostics)``.
 
-    Example:
+    Examples:
         >>> lp = torch.zeros(1, 1)
         >>> m = torch.ones(1, 1, dtype=torch.bool)
         >>> loss, _ = trrd_loss(lp, lp, torch.ones(1), m, logp_teacher=torch.log(torch.tensor([[0.5]])))

@@ -1,30 +1,28 @@
 r"""How RL and on-policy distillation are combined: every rule of Table 1 of Li et al. (2026).
 
-All rules return per-token advantages ``[B, T]`` from the group advantage :math:`\hat A`
-(``[G, K]`` or ``[B]``, e.g. :func:`~posttrain.estimators.group_normalized_advantages`) and the
-OPD signal :math:`d` (``[B, T]``, :func:`~posttrain.estimators.distill.opd_token_advantages`):
+All rules return per-token advantages ``[B, T]`` from the group advantage $\hat A$
+(``[G, K]`` or ``[B]``, e.g. `group_normalized_advantages`) and the
+OPD signal $d$ (``[B, T]``, `opd_token_advantages`):
 
-========================  ============  ==========================================================
-rule                      paradigm      advantage :math:`A_t` (ratio :math:`r` unless noted)
-========================  ============  ==========================================================
-GRPO                      --            :math:`\hat A`
-OPD                       --            :math:`d_t`
-KDRL                      additive      :math:`\hat A + \beta d_t`
-KDRL-mask                 additive      :math:`\hat A + (1-c)\beta d_t`
-SRPO                      additive      :math:`c\hat A + (1-c) d_t`
-HDPO                      additive      :math:`\hat A + C(x)\beta d_t`
-TRRD                      modulate      :math:`\hat A`, ratio :math:`r^\alpha e^{-(1-\alpha)d_t}` (``distill_losses.trrd_loss``)
-RLSD                      modulate      :math:`((1-\lambda)+\lambda\,\mathrm{clip}(e^{\mathrm{sgn}(\hat A)d_t}))\hat A`
-KDRL-annealing            scheduling    :math:`\hat A + \beta(\text{step}) d_t`
-OPD-then-RL               scheduling    :math:`d_t` if step :math:`\le S` else :math:`\hat A`
-========================  ============  ==========================================================
+| rule | paradigm | advantage $A_t$ (ratio $r$ unless noted) |
+| --- | --- | --- |
+| GRPO | -- | $\hat A$ |
+| OPD | -- | $d_t$ |
+| KDRL | additive | $\hat A + \beta d_t$ |
+| KDRL-mask | additive | $\hat A + (1-c)\beta d_t$ |
+| SRPO | additive | $c\hat A + (1-c) d_t$ |
+| HDPO | additive | $\hat A + C(x)\beta d_t$ |
+| TRRD | modulate | $\hat A$, ratio $r^\alpha e^{-(1-\alpha)d_t}$ (``distill_losses.trrd_loss``) |
+| RLSD | modulate | $((1-\lambda)+\lambda\,\mathrm{clip}(e^{\mathrm{sgn}(\hat A)d_t}))\hat A$ |
+| KDRL-annealing | scheduling | $\hat A + \beta(\text{step}) d_t$ |
+| OPD-then-RL | scheduling | $d_t$ if step $\le S$ else $\hat A$ |
 
-:math:`c` is the correct-rollout flag, :math:`C(x)` the all-wrong-group flag
-(:func:`correctness_flags`). Schedules are pure functions of step counters and validation scores
+$c$ is the correct-rollout flag, $C(x)$ the all-wrong-group flag
+(`correctness_flags`). Schedules are pure functions of step counters and validation scores
 (registry kind ``"schedule"``); nothing here keeps state.
 
 Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
-RLSD's clip is to :math:`[1-\epsilon_R, 1+\epsilon_R]`.
+RLSD's clip is to $[1-\epsilon_R, 1+\epsilon_R]$.
 († SRPO, HDPO, RLSD are self-distillation methods there; only the combination rule is kept.)
 """
 
@@ -77,7 +75,7 @@ def correctness_flags(
 ) -> tuple[Bool[Tensor, "G K"], Bool[Tensor, "G K"]]:
     """``(c, C)``: rollout is correct (``R == correct_value``) and its group has no correct rollout.
 
-    Example:
+    Examples:
         >>> c, C = correctness_flags(torch.tensor([[1., 0.], [0., 0.]]))
         >>> c.tolist(), C.tolist()
         ([[True, False], [False, False]], [[False, False], [True, True]])
@@ -122,21 +120,21 @@ def additive_distill_advantages(
     rl_gate: Bool[Tensor, " B"] | None = None,
     opd_gate: Bool[Tensor, " B"] | None = None,
 ) -> Float[Tensor, "B T"]:
-    r"""The weighted-additive family :math:`A_t = u\,\hat A + \beta\,w\,d_t` (u, w row gates in {0, 1}).
+    r"""The weighted-additive family $A_t = u\,\hat A + \beta\,w\,d_t$ (u, w row gates in {0, 1}).
 
-    KDRL: u = w = 1. KDRL-mask: w = 1 - c. SRPO: u = c, w = 1 - c, :math:`\beta = 1`. HDPO: w = C(x).
+    KDRL: u = w = 1. KDRL-mask: w = 1 - c. SRPO: u = c, w = 1 - c, $\beta = 1$. HDPO: w = C(x).
 
     Args:
-        seq_advantages: ``[B]`` or ``[G, K]`` group advantages :math:`\hat A`.
-        opd: ``[B, T]`` OPD signal :math:`d`.
+        seq_advantages: ``[B]`` or ``[G, K]`` group advantages $\hat A$.
+        opd: ``[B, T]`` OPD signal $d$.
         mask: ``[B, T]`` boolean response mask.
-        beta: OPD weight :math:`\beta \ge 0`.
+        beta: OPD weight $\beta \ge 0$.
         rl_gate, opd_gate: ``[B]`` (or ``[G, K]``) boolean gates u and w; None means all ones.
 
     Returns:
         ``[B, T]`` advantages, 0 off the mask.
 
-    Example:
+    Examples:
         >>> m = torch.ones(2, 1, dtype=torch.bool)
         >>> additive_distill_advantages(torch.tensor([1., -1.]), torch.tensor([[-2.], [-2.]]), m, beta=0.5).tolist()
         [[0.0], [-2.0]]
@@ -152,9 +150,9 @@ def additive_distill_advantages(
 @register_advantage("kdrl", paper=_PAPER)
 @computes_in_float32
 def kdrl_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, beta: float = 0.2) -> Tensor:
-    r"""KDRL: :math:`A_t = \hat A + \beta d_t` (weighted-additive; can flip the sign of :math:`\hat A`).
+    r"""KDRL: $A_t = \hat A + \beta d_t$ (weighted-additive; can flip the sign of $\hat A$).
 
-    Example:
+    Examples:
         >>> kdrl_advantages(torch.tensor([0.5]), torch.tensor([[-5.0]]), torch.tensor([[True]])).tolist()
         [[-0.5]]
     """
@@ -166,9 +164,9 @@ def kdrl_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, *, beta: 
 def kdrl_mask_advantages(
     seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: Tensor, *, beta: float = 0.2
 ) -> Tensor:
-    r"""KDRL-mask: :math:`A_t = \hat A + (1-c)\beta d_t` (OPD only on incorrect rollouts).
+    r"""KDRL-mask: $A_t = \hat A + (1-c)\beta d_t$ (OPD only on incorrect rollouts).
 
-    Example:
+    Examples:
         >>> m = torch.ones(2, 1, dtype=torch.bool)
         >>> c = torch.tensor([True, False])
         >>> kdrl_mask_advantages(torch.tensor([1., -1.]), torch.full((2, 1), -1.), m, c).tolist()
@@ -180,9 +178,9 @@ def kdrl_mask_advantages(
 @register_advantage("srpo", paper=_PAPER)
 @computes_in_float32
 def srpo_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: Tensor) -> Tensor:
-    r"""SRPO rule: :math:`A_t = c\hat A + (1-c)d_t` (RL on correct rollouts, OPD on the rest).
+    r"""SRPO rule: $A_t = c\hat A + (1-c)d_t$ (RL on correct rollouts, OPD on the rest).
 
-    Example:
+    Examples:
         >>> m = torch.ones(2, 1, dtype=torch.bool)
         >>> srpo_advantages(torch.tensor([1., -1.]), torch.full((2, 1), -0.3), m, torch.tensor([True, False])).tolist()
         [[1.0], [-0.30000001192092896]]
@@ -195,9 +193,9 @@ def srpo_advantages(seq_advantages: Tensor, opd: Tensor, mask: Tensor, correct: 
 def hdpo_advantages(
     seq_advantages: Tensor, opd: Tensor, mask: Tensor, all_wrong: Tensor, *, beta: float = 0.2
 ) -> Tensor:
-    r"""HDPO rule: :math:`A_t = \hat A + C(x)\beta d_t` (OPD only in all-wrong groups).
+    r"""HDPO rule: $A_t = \hat A + C(x)\beta d_t$ (OPD only in all-wrong groups).
 
-    Example:
+    Examples:
         >>> m = torch.ones(2, 1, dtype=torch.bool)
         >>> hdpo_advantages(torch.zeros(2), torch.full((2, 1), -1.), m, torch.tensor([True, False]), beta=0.5).tolist()
         [[-0.5], [0.0]]
@@ -212,15 +210,17 @@ def rlsd_advantages(
 ) -> Tensor:
     r"""RLSD rule: teacher-modulated magnitude, never a sign change.
 
-    .. math:: A_t = \Big((1-\lambda) + \lambda\,\mathrm{clip}\big(e^{\operatorname{sign}(\hat A)\,d_t},
-              1-\epsilon_R, 1+\epsilon_R\big)\Big)\,\hat A
+    $$
+    A_t = \Big((1-\lambda) + \lambda\,\mathrm{clip}\big(e^{\operatorname{sign}(\hat A)\,d_t},
+                  1-\epsilon_R, 1+\epsilon_R\big)\Big)\,\hat A
+    $$
 
-    The multiplier lies in :math:`[1-\lambda\epsilon_R, 1+\lambda\epsilon_R] \subset (0, \infty)`.
+    The multiplier lies in $[1-\lambda\epsilon_R, 1+\lambda\epsilon_R] \subset (0, \infty)$.
 
     Args:
-        lam: :math:`\lambda \in [0, 1]`. eps_r: :math:`\epsilon_R \in (0, 1)`.
+        lam: $\lambda \in [0, 1]$. eps_r: $\epsilon_R \in (0, 1)$.
 
-    Example:
+    Examples:
         >>> m = torch.ones(2, 1, dtype=torch.bool)
         >>> rlsd_advantages(torch.tensor([1.0, -1.0]), torch.tensor([[1.0], [1.0]]), m).tolist()
         [[1.2000000476837158], [-0.800000011920929]]
@@ -234,11 +234,13 @@ def rlsd_advantages(
 
 @SCHEDULES.register("kdrl_annealing_beta", paper=_PAPER)
 def kdrl_annealed_beta(step: int, total_steps: int, *, beta_start: float = 0.2, beta_end: float = 0.002) -> float:
-    r"""Linear KDRL-annealing weight: :math:`\beta(1)=\beta_{start}`, :math:`\beta(N)=\beta_{end}`, clamped outside.
+    r"""Linear KDRL-annealing weight: $\beta(1)=\beta_{start}$, $\beta(N)=\beta_{end}$, clamped outside.
 
-    .. math:: \beta(s) = (1-f)\,\beta_{start} + f\,\beta_{end},\qquad f = \frac{\mathrm{clip}(s,1,N)-1}{\max(N-1,1)}
+    $$
+    \beta(s) = (1-f)\,\beta_{start} + f\,\beta_{end},\qquad f = \frac{\mathrm{clip}(s,1,N)-1}{\max(N-1,1)}
+    $$
 
-    Example:
+    Examples:
         >>> kdrl_annealed_beta(1, 3), kdrl_annealed_beta(3, 3)
         (0.2, 0.002)
     """
@@ -260,9 +262,9 @@ def kdrl_annealing_advantages(
     beta_start: float = 0.2,
     beta_end: float = 0.002,
 ) -> Tensor:
-    r"""KDRL-annealing: :math:`A_t = \hat A + \beta(\text{step})\,d_t` with :func:`kdrl_annealed_beta`.
+    r"""KDRL-annealing: $A_t = \hat A + \beta(\text{step})\,d_t$ with `kdrl_annealed_beta`.
 
-    Example:
+    Examples:
         >>> m = torch.ones(1, 1, dtype=torch.bool)
         >>> kdrl_annealing_advantages(torch.zeros(1), -torch.ones(1, 1), m, step=1, total_steps=10).tolist()
         [[-0.20000000298023224]]
@@ -278,7 +280,7 @@ def opd_phase(step: int, switch_step: int) -> bool:
     ``switch_step = 0`` is pure GRPO, ``switch_step >= N_total`` pure OPD. The trainer asks this
     before the teacher forward, so no teacher pass runs after the switch.
 
-    Example:
+    Examples:
         >>> opd_phase(60, 60), opd_phase(61, 60)
         (True, False)
     """
@@ -292,13 +294,13 @@ def plateau_switch_step(val_scores: Float[Tensor, " N"], *, window: int = 10, mi
     r"""The switch rule driven by the validation score: the end of the fast-improvement phase.
 
     ``val_scores[i]`` is the OPD validation score after step ``i`` (index 0 may be the initial
-    policy). With window gains :math:`\Delta_i = v_i - v_{i-w}`, the rule returns the first index
-    :math:`i` with :math:`\Delta_i <` ``min_gain`` *after* some earlier :math:`\Delta_{i'} \ge`
+    policy). With window gains $\Delta_i = v_i - v_{i-w}$, the rule returns the first index
+    $i$ with $\Delta_i <$ ``min_gain`` *after* some earlier $\Delta_{i'} \ge$
     ``min_gain`` (a plateau that follows a rise, not the flat start of a curve), or None while the
     curve is still rising (keep OPD). Switch after step ``i`` when index 0 is the initial policy. A pure function of the score history. *Reconstructed*: the
-    paper picks S by inspecting curves; spec 01 §10 suggests ``window=10, min_gain=0.5pp``.
+    paper picks S by inspecting curves; docs: methods/opd_then_rl.md suggests ``window=10, min_gain=0.5pp``.
 
-    Example:
+    Examples:
         >>> plateau_switch_step(torch.tensor([0.1, 0.1, 0.3, 0.5, 0.51, 0.512]), window=1, min_gain=0.05)
         4
     """
@@ -321,12 +323,12 @@ def plateau_switch_step(val_scores: Float[Tensor, " N"], *, window: int = 10, mi
 def opd_then_rl_advantages(
     seq_advantages: Tensor, opd: Tensor | None, mask: Tensor, *, step: int, switch_step: int
 ) -> Tensor:
-    r"""OPD-then-RL: :math:`A_t = d_t` for step :math:`\le S`, else :math:`\hat A` (one optimiser throughout).
+    r"""OPD-then-RL: $A_t = d_t$ for step $\le S$, else $\hat A$ (one optimiser throughout).
 
     ``opd`` may be None after the switch (no teacher forward is needed then); it is required in the
     OPD phase.
 
-    Example:
+    Examples:
         >>> m = torch.ones(1, 1, dtype=torch.bool)
         >>> opd_then_rl_advantages(torch.ones(1), -torch.ones(1, 1), m, step=1, switch_step=1).tolist()
         [[-1.0]]

@@ -2,7 +2,7 @@
 
 A preference pair is ``(x, y_w, y_l)`` (chosen, rejected). The inputs are *sequence* log-probs
 ``[B]`` (sum of token log-probs over the response mask, e.g.
-:func:`posttrain.estimators.masked_sum`) of the policy and of the frozen reference.
+`posttrain.estimators.masked_sum`) of the policy and of the frozen reference.
 Per-pair losses are a new registry kind, ``preference_loss``, so ``posttrain list`` shows them.
 """
 
@@ -35,9 +35,9 @@ class DPODiagnostics(NamedTuple):
     """Per-pair tensors ``[B]`` (no gradient)."""
 
     chosen_rewards: Tensor
-    r"""Implicit reward :math:`\beta(\ell_w - \ell^{ref}_w)`."""
+    r"""Implicit reward $\beta(\ell_w - \ell^{ref}_w)$."""
     rejected_rewards: Tensor
-    r"""Implicit reward :math:`\beta(\ell_l - \ell^{ref}_l)`."""
+    r"""Implicit reward $\beta(\ell_l - \ell^{ref}_l)$."""
     margin: Tensor
     """The DPO logit ``u`` = chosen reward - rejected reward."""
     accuracy: Tensor
@@ -57,16 +57,17 @@ def dpo_loss(
 ) -> tuple[Float[Tensor, " B"], DPODiagnostics]:
     r"""DPO loss per preference pair (with optional conservative label smoothing).
 
-    .. math::
-        u = \beta\Big[(\ell_w - \ell^{ref}_w) - (\ell_l - \ell^{ref}_l)\Big],\qquad
-        \mathcal L = -(1-\varepsilon)\log\sigma(u) - \varepsilon\log\sigma(-u),
+    $$
+    u = \beta\Big[(\ell_w - \ell^{ref}_w) - (\ell_l - \ell^{ref}_l)\Big],\qquad
+    \mathcal L = -(1-\varepsilon)\log\sigma(u) - \varepsilon\log\sigma(-u),
+    $$
 
-    where :math:`\ell_w` = ``logp_chosen``, :math:`\ell_l` = ``logp_rejected``, the ``ref``
-    versions are the reference model's, :math:`\beta` = ``beta`` and :math:`\varepsilon` =
+    where $\ell_w$ = ``logp_chosen``, $\ell_l$ = ``logp_rejected``, the ``ref``
+    versions are the reference model's, $\beta$ = ``beta`` and $\varepsilon$ =
     ``label_smoothing`` (the probability that a label is flipped; 0 is plain DPO). ``u`` is the
     Bradley-Terry logit of the implicit reward difference; for a log-linear policy
-    :math:`\pi_\theta \propto \pi_0 e^{\theta^\top\phi}` it equals :math:`\beta\,\theta^\top(\phi_w-\phi_l)`
-    (the edge vector of :mod:`posttrain.theory.dpo_design`). Computed with ``logsigmoid`` (no
+    $\pi_\theta \propto \pi_0 e^{\theta^\top\phi}$ it equals $\beta\,\theta^\top(\phi_w-\phi_l)$
+    (the edge vector of `posttrain.theory.dpo_design`). Computed with ``logsigmoid`` (no
     overflow for large ``|u|``).
 
     Args:
@@ -88,7 +89,7 @@ def dpo_loss(
         Rafailov, Sharma, Mitchell, Ermon, Manning, Finn (2023), "Direct Preference Optimization",
         arXiv:2305.18290. Label smoothing: Mitchell (2023), "A note on DPO with noisy preferences".
 
-    Example:
+    Examples:
         >>> z = torch.zeros(1, dtype=torch.float64)
         >>> loss, diag = dpo_loss(z, z, z, z, beta=0.1)
         >>> round(float(loss[0]), 6)  # -log sigma(0) = log 2

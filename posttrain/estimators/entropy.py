@@ -21,7 +21,7 @@ def _entropy_chunk(logits: Tensor) -> Tensor:
 
 
 def token_entropy(logits: Float[Tensor, "B T V"], *, chunk_size: int = 1024) -> Float[Tensor, "B T"]:
-    r"""Entropy :math:`H_t = -\sum_v \pi_t(v)\log\pi_t(v)` of the softmax over the last axis.
+    r"""Entropy $H_t = -\sum_v \pi_t(v)\log\pi_t(v)$ of the softmax over the last axis.
 
     Uses ``log_softmax`` (stable for large logits) and processes ``chunk_size`` token positions
     at a time, so the extra memory is ``chunk_size x V`` rather than ``B x T x V`` (with autograd
@@ -35,7 +35,7 @@ def token_entropy(logits: Float[Tensor, "B T V"], *, chunk_size: int = 1024) -> 
     Returns:
         ``[...]`` entropies in nats (``[B, T]``).
 
-    Example:
+    Examples:
         >>> round(float(token_entropy(torch.zeros(1, 1, 4))[0, 0]), 4)  # log 4
         1.3863
     """

@@ -1,11 +1,12 @@
 r"""The entropy lens of paper 06: entropy and log-likelihood of fixed responses under teacher forcing.
 
-Before RL, one response :math:`\tilde y_x` per evaluation prompt is sampled from the base model and
+Before RL, one response $\tilde y_x$ per evaluation prompt is sampled from the base model and
 frozen; during training the policy is scored on these fixed responses:
 
-.. math::
-    \bar H = \frac1{|P|}\sum_{x}\frac1{|\tilde y_x|}\sum_t H\big(\pi_\theta(\cdot\mid x,\tilde y_{x,<t})\big),\quad
-    \overline{\log L} = \frac1{|P|}\sum_x\frac1{|\tilde y_x|}\sum_t\log\pi_\theta(\tilde y_{x,t}\mid x,\tilde y_{x,<t}).
+$$
+\bar H = \frac1{|P|}\sum_{x}\frac1{|\tilde y_x|}\sum_t H\big(\pi_\theta(\cdot\mid x,\tilde y_{x,<t})\big),\quad
+\overline{\log L} = \frac1{|P|}\sum_x\frac1{|\tilde y_x|}\sum_t\log\pi_\theta(\tilde y_{x,t}\mid x,\tilde y_{x,<t}).
+$$
 
 Full-vocabulary entropy (not the sampled-token surprisal, which is reported as the second column).
 Reference: Clay et al. 2026, "Demystifying Reinforcement Learning Post-Training of Language Models",
@@ -44,16 +45,17 @@ def entropy_lens(logits: Float[Tensor, "B T V"], tokens: Int[Tensor, "B T"], mas
         mask: ``[B, T]`` response positions; every row needs at least one.
 
     Returns:
-        :class:`EntropyLens` of ``[B]`` tensors: :math:`\frac1{|\tilde y|}\sum_t H_t` and
-        :math:`\frac1{|\tilde y|}\sum_t\log\pi(\tilde y_t\mid\cdot)`.
+        `EntropyLens` of ``[B]`` tensors: $\frac1{|\tilde y|}\sum_t H_t$ and
+        $\frac1{|\tilde y|}\sum_t\log\pi(\tilde y_t\mid\cdot)$.
 
     Raises:
-        ShapeError: wrong ranks, dtypes or shapes. DomainError: a row with no response token, non-finite logits.
+        ShapeError: wrong ranks, dtypes or shapes.
+        DomainError: a row with no response token, non-finite logits.
 
     References:
         Clay et al. 2026, arXiv:2608.24949, Appendix F.
 
-    Example:
+    Examples:
         >>> out = entropy_lens(torch.zeros(1, 2, 4), torch.tensor([[1, 2]]), torch.tensor([[True, False]]))
         >>> [round(float(x), 4) for x in (out.entropy[0], out.loglik[0])]  # log 4, -log 4
         [1.3863, -1.3863]
@@ -79,7 +81,7 @@ def entropy_lens(logits: Float[Tensor, "B T V"], tokens: Int[Tensor, "B T"], mas
 def domain_means(values: Float[Tensor, " B"], domain: Int[Tensor, " B"], *, num_domains: int) -> Float[Tensor, " C"]:
     """Mean of ``values`` per domain id in ``[0, num_domains)`` (NaN for an empty domain).
 
-    Example:
+    Examples:
         >>> domain_means(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 2]), num_domains=3).tolist()
         [2.0, nan, 5.0]
     """

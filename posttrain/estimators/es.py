@@ -1,10 +1,10 @@
 r"""Evolution strategies (ES) with seed-indexed Gaussian noise: perturb, shape rewards, update.
 
 A population of ``P`` members is described by integer seeds and signs, never by stored noise:
-member ``i`` is :math:`\theta + \sigma s_i \varepsilon_{k_i}` with :math:`s_i \in \{+1, -1\}`
+member ``i`` is $\theta + \sigma s_i \varepsilon_{k_i}$ with $s_i \in \{+1, -1\}$
 (antithetic pairs share a seed and carry opposite signs) and the noise of every named parameter
 tensor is regenerated on demand from a ``torch.Generator`` seeded with
-:math:`k_i \oplus h(\text{name})`, ``h`` the 64-bit little-endian BLAKE2b digest of the name
+$k_i \oplus h(\text{name})$, ``h`` the 64-bit little-endian BLAKE2b digest of the name
 (Ba et al. 2026, arXiv:2608.27351, App. G.1). Mixing the name into the seed gives independent
 noise to same-shaped tensors; ``mix_names=False`` reproduces the correlated seeding of the
 original ES-at-Scale scripts (Qiu et al. 2025, arXiv:2509.24372) for comparison only.
@@ -14,15 +14,15 @@ dtype; update directions are accumulated tensor by tensor in that precision. Str
 between devices (CPU and CUDA generators are different algorithms): pick one device per run.
 
 A tensor's noise is drawn from its one generator in consecutive flat chunks of
-:data:`NOISE_CHUNK` elements (:func:`noise_chunks`), so the in-place operations on a model's
-parameters (:mod:`posttrain.llm.es.params`) hold one or two chunk-sized buffers, whatever the size
+`NOISE_CHUNK` elements (`noise_chunks`), so the in-place operations on a model's
+parameters (`posttrain.llm.es.params`) hold one or two chunk-sized buffers, whatever the size
 of the largest parameter. On CPU the chunked stream is bit-identical to one ``torch.randn`` of the
 whole tensor (the artifact's draw), which the tests check.
 
-The step follows the papers: :math:`\theta^+ = \theta + \alpha \frac1P\sum_i w_i s_i\varepsilon_{k_i}`
-with :math:`w` the shaped rewards (z-score by default) and no explicit :math:`1/\sigma` (absorbed
-in :math:`\alpha`). :func:`evolution_strategy` bundles it as an optax-style
-``(init, ask, update)`` triple with an explicit :class:`EsState`.
+The step follows the papers: $\theta^+ = \theta + \alpha \frac1P\sum_i w_i s_i\varepsilon_{k_i}$
+with $w$ the shaped rewards (z-score by default) and no explicit $1/\sigma$ (absorbed
+in $\alpha$). `evolution_strategy` bundles it as an optax-style
+``(init, ask, update)`` triple with an explicit `EsState`.
 """
 
 from __future__ import annotations
@@ -95,12 +95,12 @@ class EsState(NamedTuple):
 
 
 def tensor_seed(seed: int, name: str, *, mix_names: bool = True) -> int:
-    r"""The generator seed of tensor ``name`` in member ``seed``: :math:`k \oplus h(\text{name})`.
+    r"""The generator seed of tensor ``name`` in member ``seed``: $k \oplus h(\text{name})$.
 
     ``h`` is BLAKE2b with an 8-byte digest read little-endian (the paper's artifact). With
     ``mix_names=False`` every tensor uses ``seed`` itself (original ES-at-Scale scripts).
 
-    Example:
+    Examples:
         >>> tensor_seed(7, "w", mix_names=False)
         7
         >>> tensor_seed(7, "w") == tensor_seed(7, "w") != tensor_seed(7, "b")
@@ -129,9 +129,9 @@ def seeded_noise(
 ) -> Tensor:
     r"""Standard normal noise for tensor ``name`` of member ``seed``: a pure function of its arguments.
 
-    Drawn with a fresh ``torch.Generator`` on ``device`` seeded by :func:`tensor_seed`, in float64
+    Drawn with a fresh ``torch.Generator`` on ``device`` seeded by `tensor_seed`, in float64
     when ``dtype`` is float64 and float32 otherwise (the caller casts after scaling), in the flat
-    chunks of :func:`noise_chunks`; on CPU this equals one ``torch.randn(shape)`` from that generator.
+    chunks of `noise_chunks`; on CPU this equals one ``torch.randn(shape)`` from that generator.
 
     Args:
         seed: the member's non-negative integer seed. name: the tensor's stable name.
@@ -139,9 +139,9 @@ def seeded_noise(
         mix_names: mix the name into the seed (default; independent noise per tensor).
 
     Returns:
-        a tensor of ``shape`` with i.i.d. :math:`\mathcal N(0, 1)` entries.
+        a tensor of ``shape`` with i.i.d. $\mathcal N(0, 1)$ entries.
 
-    Example:
+    Examples:
         >>> bool((seeded_noise(3, "w", (2, 2)) == seeded_noise(3, "w", (2, 2))).all())
         True
     """
@@ -183,9 +183,9 @@ def noise_chunks(
     ``values`` (``[stop - start]``) are the next draws of the tensor's one generator; every chunk is
     ``chunk`` long except the last, which absorbs a remainder shorter than 16. ``values`` is a view
     of one reused buffer (``out`` if given, at least ``chunk + 15`` elements): consume it before the
-    next chunk. Concatenated, the chunks are :func:`seeded_noise` flattened.
+    next chunk. Concatenated, the chunks are `seeded_noise` flattened.
 
-    Example:
+    Examples:
         >>> parts = [v.clone() for _, _, v in noise_chunks(3, "w", 40, chunk=16)]
         >>> [len(v) for v in parts], bool(torch.equal(torch.cat(parts), seeded_noise(3, "w", (40,))))
         ([16, 24], True)
@@ -219,7 +219,7 @@ def population_noise(
     device: torch.device | str | None = None,
     mix_names: bool = True,
 ) -> Tensor:
-    r"""Signed noise of every member for one tensor, ``[P, *shape]``: row ``i`` is :math:`s_i\varepsilon_{k_i}`.
+    r"""Signed noise of every member for one tensor, ``[P, *shape]``: row ``i`` is $s_i\varepsilon_{k_i}$.
 
     One generator per seed is unavoidable (each member's stream is defined by its own seed); the
     loop over members only draws noise, everything downstream is batched.
@@ -238,7 +238,7 @@ def population_noise(
 def antithetic_population(seeds: Int[Tensor, " N"]) -> EsPopulation:
     """Mirrored pairs: each seed twice, signs ``(+1, -1)``, so ``P = 2N``.
 
-    Example:
+    Examples:
         >>> antithetic_population(torch.tensor([5, 9]))
         EsPopulation(seeds=tensor([5, 5, 9, 9]), signs=tensor([ 1., -1.,  1., -1.]))
     """
@@ -255,12 +255,12 @@ def _check_rewards(rewards: Tensor) -> Tensor:
 
 
 def zscore_rewards(rewards: Float[Tensor, " P"], *, eps: float = 1e-8) -> Float[Tensor, " P"]:
-    r"""Population z-scores :math:`z_i = (R_i - \bar R)/(\sqrt{P^{-1}\sum_j (R_j-\bar R)^2} + \epsilon)`.
+    r"""Population z-scores $z_i = (R_i - \bar R)/(\sqrt{P^{-1}\sum_j (R_j-\bar R)^2} + \epsilon)$.
 
     Population std (ddof 0) and ``eps = 1e-8`` as in Qiu et al. 2025 (arXiv:2509.24372) and Ba et
     al. 2026 (arXiv:2608.27351, Eq. 7); equal rewards give exactly zero.
 
-    Example:
+    Examples:
         >>> zscore_rewards(torch.tensor([0., 2.])).tolist()
         [-1.0, 1.0]
     """
@@ -271,12 +271,12 @@ def zscore_rewards(rewards: Float[Tensor, " P"], *, eps: float = 1e-8) -> Float[
 
 
 def centered_rank_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
-    r"""Centred ranks (Salimans et al. 2017, arXiv:1703.03864): :math:`u_i = \mathrm{rank}_i/(P-1) - 1/2`.
+    r"""Centred ranks (Salimans et al. 2017, arXiv:1703.03864): $u_i = \mathrm{rank}_i/(P-1) - 1/2$.
 
     Ranks start at 0; ties get their average rank, so the output depends on the rewards only
     through their order and is invariant to any strictly increasing transform. ``P == 1`` gives 0.
 
-    Example:
+    Examples:
         >>> centered_rank_rewards(torch.tensor([10., -3., 4.])).tolist()
         [0.5, -0.5, 0.0]
     """
@@ -291,7 +291,7 @@ def centered_rank_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
 
 
 def raw_rewards(rewards: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
-    """The rewards unchanged (checked): the score-function estimator up to :math:`1/\\sigma`."""
+    """The rewards unchanged (checked): the score-function estimator up to $1/\\sigma$."""
     return _check_rewards(rewards)
 
 
@@ -303,18 +303,18 @@ REWARD_SHAPINGS.add("none", raw_rewards)
 
 
 def shape_rewards(rewards: Float[Tensor, " P"], shaping: str = "zscore") -> Float[Tensor, " P"]:
-    """Member rewards shaped by the :data:`REWARD_SHAPINGS` entry ``shaping`` (RegistryError for an unknown name)."""
+    """Member rewards shaped by the `REWARD_SHAPINGS` entry ``shaping`` (RegistryError for an unknown name)."""
     return REWARD_SHAPINGS.get(shaping)(rewards)  # type: ignore[operator,no-any-return]
 
 
 def es_gradient(rewards: Float[Tensor, " P"], noise: Float[Tensor, "P D"], *, sigma: float) -> Float[Tensor, " D"]:
-    r"""One-point ES estimate :math:`\hat g = \frac{1}{P\sigma}\sum_i R_i\varepsilon_i` of :math:`\nabla F_\sigma`.
+    r"""One-point ES estimate $\hat g = \frac{1}{P\sigma}\sum_i R_i\varepsilon_i$ of $\nabla F_\sigma$.
 
-    :math:`F_\sigma(\theta) = \mathbb E_\varepsilon F(\theta + \sigma\varepsilon)`; the estimate is
-    unbiased for :math:`\nabla F_\sigma` (Ba et al. 2026, Eq. 6). ``noise`` holds the signed
+    $F_\sigma(\theta) = \mathbb E_\varepsilon F(\theta + \sigma\varepsilon)$; the estimate is
+    unbiased for $\nabla F_\sigma$ (Ba et al. 2026, Eq. 6). ``noise`` holds the signed
     directions of the members, so a mirrored population gives the antithetic estimator.
 
-    Example:
+    Examples:
         >>> es_gradient(torch.tensor([1., -1.]), torch.tensor([[1., 0.], [-1., 0.]]), sigma=0.5).tolist()
         [2.0, 0.0]
     """
@@ -329,17 +329,18 @@ def es_gradient(rewards: Float[Tensor, " P"], noise: Float[Tensor, "P D"], *, si
 def antithetic_gradient(
     rewards_plus: Float[Tensor, " N"], rewards_minus: Float[Tensor, " N"], noise: Float[Tensor, "N D"], *, sigma: float
 ) -> Float[Tensor, " D"]:
-    r"""Two-point (antithetic) ES estimate of :math:`\nabla F_\sigma`.
+    r"""Two-point (antithetic) ES estimate of $\nabla F_\sigma$.
 
-    .. math::
-        \hat g^{2p} = \frac{1}{2N\sigma}\sum_i
-        [F(\theta+\sigma\varepsilon_i) - F(\theta-\sigma\varepsilon_i)]\varepsilon_i
+    $$
+    \hat g^{2p} = \frac{1}{2N\sigma}\sum_i
+    [F(\theta+\sigma\varepsilon_i) - F(\theta-\sigma\varepsilon_i)]\varepsilon_i
+    $$
 
 
-    Equal to :func:`es_gradient` on the mirrored population (Ba et al. 2026, App. E); exactly
-    :math:`\frac1N\sum_i (\nabla F^\top\varepsilon_i)\varepsilon_i` for quadratic :math:`F`.
+    Equal to `es_gradient` on the mirrored population (Ba et al. 2026, App. E); exactly
+    $\frac1N\sum_i (\nabla F^\top\varepsilon_i)\varepsilon_i$ for quadratic $F$.
 
-    Example:
+    Examples:
         >>> antithetic_gradient(torch.tensor([3.]), torch.tensor([1.]), torch.tensor([[1., 2.]]), sigma=0.5).tolist()
         [2.0, 4.0]
     """
@@ -359,9 +360,9 @@ def check_params(params: Params) -> Params:
 def perturbed_params(
     params: Params, population: EsPopulation, *, sigma: float, mix_names: bool = True
 ) -> dict[str, Tensor]:
-    r"""Batched member weights ``{name: [P, *shape]}``, row ``i`` = :math:`\theta + \sigma s_i\varepsilon_{k_i}`.
+    r"""Batched member weights ``{name: [P, *shape]}``, row ``i`` = $\theta + \sigma s_i\varepsilon_{k_i}$.
 
-    Feed to :func:`population_forward` (``vmap`` over ``functional_call``) or to batched matmuls to
+    Feed to `population_forward` (``vmap`` over ``functional_call``) or to batched matmuls to
     evaluate every member in one pass. Costs ``P`` copies of the parameters: for small models only.
     """
     check_params(params)
@@ -374,14 +375,14 @@ def perturbed_params(
 
 
 def member_coefficients(population: EsPopulation, weights: Tensor) -> list[float]:
-    """:math:`w_i s_i / P` per member, in float64."""
+    """$w_i s_i / P$ per member, in float64."""
     return (weights.double() * population.signs.double() / weights.shape[0]).tolist()
 
 
 def es_direction(
     params: Params, population: EsPopulation, weights: Float[Tensor, " P"], *, mix_names: bool = True
 ) -> dict[str, Tensor]:
-    r"""Decomposed search direction :math:`d^{(n)} = \frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}` per tensor.
+    r"""Decomposed search direction $d^{(n)} = \frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}$ per tensor.
 
     Computed tensor by tensor and member by member with one accumulator per tensor (float32, or
     float64 for float64 parameters), as in ES-at-Scale's decomposed update; returned in the
@@ -417,20 +418,20 @@ def es_step(
     shaping: str = "zscore",
     mix_names: bool = True,
 ) -> dict[str, Tensor]:
-    r"""The ES update :math:`\Delta^{(n)} = \alpha\frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}` (w: shaped rewards).
+    r"""The ES update $\Delta^{(n)} = \alpha\frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}$ (w: shaped rewards).
 
     Pure: returns the per-tensor increments (accumulator dtype) and leaves ``params`` untouched.
     All-equal rewards under z-scoring give exactly zero increments.
 
     Args:
         params: the centre, ``{name: tensor}``. population: the members' seeds and signs.
-        rewards: ``[P]`` fitness of each member. lr: :math:`\alpha` (absorbs :math:`1/\sigma`).
+        rewards: ``[P]`` fitness of each member. lr: $\alpha$ (absorbs $1/\sigma$).
         shaping: reward shaping. mix_names: name-mixed seeding.
 
     References:
         Qiu et al. 2025 (arXiv:2509.24372); Ba et al. 2026 (arXiv:2608.27351, Eq. 7).
 
-    Example:
+    Examples:
         >>> pop = EsPopulation(torch.tensor([1, 2]), torch.tensor([1., 1.]))
         >>> d = es_step({"w": torch.zeros(3)}, pop, torch.tensor([1., 1.]), lr=0.1)
         >>> d["w"].tolist()
@@ -465,11 +466,11 @@ def evolution_strategy(
 
     ``ask`` draws ``population`` 31-bit seeds (or ``population // 2`` mirrored pairs) from a
     generator seeded with ``(key, step)``, so the same state always asks for the same members.
-    ``update`` returns :math:`\theta + \alpha\frac1P\sum_i w_i s_i\varepsilon_{k_i}` (the members are
-    evaluated at :math:`\theta + \sigma s_i\varepsilon_{k_i}` by the caller, e.g. with
-    :func:`perturbed_params` or :func:`posttrain.llm.es.params.perturb_`).
+    ``update`` returns $\theta + \alpha\frac1P\sum_i w_i s_i\varepsilon_{k_i}$ (the members are
+    evaluated at $\theta + \sigma s_i\varepsilon_{k_i}$ by the caller, e.g. with
+    `perturbed_params` or `posttrain.llm.es.params.perturb_`).
 
-    Example:
+    Examples:
         >>> es = evolution_strategy(population=4, sigma=0.1, lr=0.01)
         >>> state = es.init(0)
         >>> pop = es.ask(state)
@@ -515,9 +516,9 @@ def _deltas(params: Params, base: Params) -> dict[str, Tensor]:
 
 
 def relative_drift(params: Params, base: Params) -> Tensor:
-    r"""Relative drift :math:`\|\theta - \theta_0\|_2 / \|\theta_0\|_2` over all tensors (Ba et al. 2026, §3.6).
+    r"""Relative drift $\|\theta - \theta_0\|_2 / \|\theta_0\|_2$ over all tensors (Ba et al. 2026, §3.6).
 
-    Example:
+    Examples:
         >>> float(relative_drift({"w": torch.tensor([3., 4.])}, {"w": torch.tensor([0., 4.])}))
         0.75
     """
@@ -530,12 +531,12 @@ def relative_drift(params: Params, base: Params) -> Tensor:
 
 
 def update_sparsity(params: Params, base: Params, *, tau: float) -> Tensor:
-    r"""Fraction of changed coordinates with small change: :math:`|\{0<|\Delta_i|\le\tau\}| / |\{|\Delta_i|>0\}|`.
+    r"""Fraction of changed coordinates with small change: $|\{0<|\Delta_i|\le\tau\}| / |\{|\Delta_i|>0\}|$.
 
     Coordinates with exactly zero change are excluded from both counts; returns 0 when nothing
     changed (Ba et al. 2026, §3.6).
 
-    Example:
+    Examples:
         >>> float(update_sparsity({"w": torch.tensor([1., 2., 5.])}, {"w": torch.tensor([1., 1., 1.])}, tau=1.5))
         0.5
     """
@@ -547,7 +548,7 @@ def update_sparsity(params: Params, base: Params, *, tau: float) -> Tensor:
 
 
 def threshold_update(params: Params, base: Params, *, tau: float) -> dict[str, Tensor]:
-    r"""Magnitude-thresholded checkpoint: coordinates with :math:`0<|\Delta_i|\le\tau` reset to the base value."""
+    r"""Magnitude-thresholded checkpoint: coordinates with $0<|\Delta_i|\le\tau$ reset to the base value."""
     tau = check_positive("tau", tau, strict=False)
     delta = _deltas(params, base)
     return {n: torch.where(delta[n].abs() <= tau, base[n], params[n]) for n in params}

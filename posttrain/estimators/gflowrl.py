@@ -3,7 +3,7 @@
 Both losses are per-sequence squared residuals. They return a ``[B, T]`` matrix holding each
 sequence's loss divided by its length on its valid tokens, so that
 ``aggregate(loss, mask, "seq-mean-token-sum")`` is the mean over sequences of paper Eq. 8 (with
-equal group sizes, :math:`\\frac{1}{|\\mathcal P|}\\sum_x\\frac1G\\sum_i`). Sequences are ``B = G*K``
+equal group sizes, $\\frac{1}{|\\mathcal P|}\\sum_x\\frac1G\\sum_i$). Sequences are ``B = G*K``
 flat rows in row-major group order; rewards are ``[G, K]``.
 
 References: Liu et al. 2026, "GFlowRL: Scaling Distribution-Matching RL to Large Language Models",
@@ -48,14 +48,14 @@ __all__ = [
 
 
 class LengthNorm(str, Enum):
-    """Where GFlowRL divides by the response length :math:`L_i` (spec 14, section 3.5)."""
+    """Where GFlowRL divides by the response length $L_i$ (docs: methods/gflowrl.md)."""
 
     PAPER = "paper"
     """Sum inside the log-partition (Eq. 4), per-token mean in the gap and residual (Eq. 6) as printed."""
     NORMALIZED = "normalized"
-    """Per-token means everywhere: fixed point tempered by :math:`|y|`."""
+    """Per-token means everywhere: fixed point tempered by $|y|$."""
     CPRIME = "cprime"
-    """No normalisation: the exact fixed point :math:`\\pi \\propto \\pi_{ref} e^{\\beta r}` (Prop. B.1)."""
+    """No normalisation: the exact fixed point $\\pi \\propto \\pi_{ref} e^{\\beta r}$ (Prop. B.1)."""
 
     @classmethod
     def parse(cls, v: LengthNorm | str) -> LengthNorm:
@@ -71,24 +71,24 @@ class FlowGap(NamedTuple):
     """Per-sequence flow gaps of one batch (no gradient)."""
 
     gap: Tensor
-    """``[G, K]`` :math:`g_i` before clipping (0 on empty responses)."""
+    """``[G, K]`` $g_i$ before clipping (0 on empty responses)."""
     clipped_gap: Tensor
-    """``[G, K]`` :math:`\\tilde g_i = \\mathrm{clip}(g_i, -\\text{max\\_up}, \\text{max\\_down})`."""
+    """``[G, K]`` $\\tilde g_i = \\mathrm{clip}(g_i, -\\text{max\\_up}, \\text{max\\_down})$."""
     log_partition: Tensor
-    """``[G]`` the in-batch estimate :math:`\\mathcal Z_t(x)`."""
+    """``[G]`` the in-batch estimate $\\mathcal Z_t(x)$."""
     lengths: Tensor
-    """``[G, K]`` :math:`L_i` (number of valid tokens), as the float dtype."""
+    """``[G, K]`` $L_i$ (number of valid tokens), as the float dtype."""
     valid: Tensor
-    """``[G, K]`` boolean, :math:`L_i > 0`."""
+    """``[G, K]`` boolean, $L_i > 0$."""
 
 
 class GFlowRLDiagnostics(NamedTuple):
-    """Diagnostics (no gradient) of :func:`gflowrl_loss` / :func:`flowrl_loss`."""
+    """Diagnostics (no gradient) of `gflowrl_loss` / `flowrl_loss`."""
 
     sequence_loss: Tensor
-    """``[G, K]`` per-sequence loss :math:`w_i(\\cdot)^2` (0 on empty responses)."""
+    """``[G, K]`` per-sequence loss $w_i(\\cdot)^2$ (0 on empty responses)."""
     log_partition: Tensor
-    """``[G]`` log-partition used (in-batch estimate, or the learned :math:`\\log Z_\\phi`)."""
+    """``[G]`` log-partition used (in-batch estimate, or the learned $\\log Z_\\phi$)."""
     clip_frac: Tensor
     """0-d fraction of valid sequences whose flow gap (GFlowRL) or IS weight (FlowRL) is clipped."""
     is_weight_mean: Tensor
@@ -98,21 +98,23 @@ class GFlowRLDiagnostics(NamedTuple):
 def mc_log_partition(scores: Float[Tensor, "G K"], valid: Bool[Tensor, "G K"] | None = None) -> Float[Tensor, " G"]:
     r"""In-batch Monte Carlo log-partition (paper Eq. 4): the group mean of per-sample log-weights.
 
-    .. math:: \mathcal Z_t(x) = \frac{1}{|\{i\}|}\sum_{i\in x} s_i,\qquad
-              s_i = \beta r_i + \log\pi_{ref}(y_i|x) - \log\pi_{old}(y_i|x)
+    $$
+    \mathcal Z_t(x) = \frac{1}{|\{i\}|}\sum_{i\in x} s_i,\qquad
+                  s_i = \beta r_i + \log\pi_{ref}(y_i|x) - \log\pi_{old}(y_i|x)
+    $$
 
-    With :math:`y_i\sim\pi_{old}`, :math:`\mathbb E[\mathcal Z_t] = \log Z - \mathrm{KL}(\pi_{old}\|p^\star)
-    \le \log Z` (equality iff :math:`\pi_{old} = p^\star`, where every :math:`s_i = \log Z`) and its
-    variance is :math:`O(1/K)`. Detached (a stop-gradient baseline). Groups with no valid sample give 0.
+    With $y_i\sim\pi_{old}$, $\mathbb E[\mathcal Z_t] = \log Z - \mathrm{KL}(\pi_{old}\|p^\star)
+    \le \log Z$ (equality iff $\pi_{old} = p^\star$, where every $s_i = \log Z$) and its
+    variance is $O(1/K)$. Detached (a stop-gradient baseline). Groups with no valid sample give 0.
 
     Args:
-        scores: ``[G, K]`` per-sample log-weights :math:`s_i`.
+        scores: ``[G, K]`` per-sample log-weights $s_i$.
         valid: optional ``[G, K]`` boolean; invalid samples (empty responses) are excluded.
 
     Returns:
         ``[G]`` estimates.
 
-    Example:
+    Examples:
         >>> mc_log_partition(torch.tensor([[1.0, 3.0, 8.0]]), torch.tensor([[True, True, False]])).tolist()
         [2.0]
     """
@@ -161,34 +163,36 @@ def flow_gap(
 ) -> FlowGap:
     r"""Flow gaps at the rollout policy (paper Eqs. 4, 6, 7), computed once per group, no gradient.
 
-    With :math:`S^{old}_i, S^{ref}_i` the masked sums of ``logp_old``, ``logp_ref`` over response
-    :math:`i`, :math:`L_i` its length and :math:`d_i = S^{ref}_i - S^{old}_i`:
+    With $S^{old}_i, S^{ref}_i$ the masked sums of ``logp_old``, ``logp_ref`` over response
+    $i$, $L_i$ its length and $d_i = S^{ref}_i - S^{old}_i$:
 
-    .. math::
-        \mathcal Z_t = \mathrm{mean}_{i\in x}\big(\beta r_i + d_i/\lambda^{Z}_i\big),\qquad
-        g_i = \mathcal Z_t - \beta r_i - d_i/\lambda^{g}_i,\qquad
-        \tilde g_i = \mathrm{clip}(g_i, -\text{max\_up}, +\text{max\_down})
+    $$
+    \mathcal Z_t = \mathrm{mean}_{i\in x}\big(\beta r_i + d_i/\lambda^{Z}_i\big),\qquad
+    g_i = \mathcal Z_t - \beta r_i - d_i/\lambda^{g}_i,\qquad
+    \tilde g_i = \mathrm{clip}(g_i, -\text{max\_up}, +\text{max\_down})
+    $$
 
-    with :math:`(\lambda^Z, \lambda^g) = (1, L)` for ``paper``, :math:`(L, L)` for ``normalized``
-    and :math:`(1, 1)` for ``cprime``. The loss pushes :math:`\delta_i` toward :math:`-\tilde g_i`,
+    with $(\lambda^Z, \lambda^g) = (1, L)$ for ``paper``, $(L, L)$ for ``normalized``
+    and $(1, 1)$ for ``cprime``. The loss pushes $\delta_i$ toward $-\tilde g_i$,
     so ``max_up`` bounds the increase of a response's log-probability and ``max_down`` its
-    decrease; the defaults (0.2 up, 0.28 down) are Eq. 7 as printed, :math:`\mathrm{clip}(g,
-    -\epsilon_{low}, \epsilon_{high})` (the paper's prose suggests the swapped bounds; see spec 14,
+    decrease; the defaults (0.2 up, 0.28 down) are Eq. 7 as printed, $\mathrm{clip}(g,
+    -\epsilon_{low}, \epsilon_{high})$ (the paper's prose suggests the swapped bounds; see docs: methods/gflowrl.md,
     section 10.1). In ``cprime``/``normalized`` the unclipped gaps of a group sum to zero.
 
     Args:
         rewards: ``[G, K]`` raw rewards. logp_old, logp_ref: ``[B, T]`` (B = G*K) behaviour and
-        reference log-probs. mask: ``[B, T]`` policy-token mask (empty rows are excluded).
-        beta: inverse temperature :math:`\beta > 0`. variant: a :class:`LengthNorm`.
+            reference log-probs. mask: ``[B, T]`` policy-token mask (empty rows are excluded).
+        beta: inverse temperature $\beta > 0$. variant: a `LengthNorm`.
         max_up, max_down: clip bounds, >= 0.
 
     Returns:
-        :class:`FlowGap`.
+        `FlowGap`.
 
     Raises:
-        ShapeError: wrong shapes or dtypes. DomainError: bad hyperparameters, non-finite values.
+        ShapeError: wrong shapes or dtypes.
+        DomainError: bad hyperparameters, non-finite values.
 
-    Example:
+    Examples:
         >>> r = torch.tensor([[1.0, 0.0]]); z = torch.zeros(2, 1); m = torch.ones(2, 1, dtype=torch.bool)
         >>> fg = flow_gap(r, z, z, m, beta=0.2)
         >>> fg.gap.tolist(), fg.log_partition.tolist()
@@ -235,23 +239,24 @@ def gflowrl_loss(
 ) -> tuple[Float[Tensor, "B T"], GFlowRLDiagnostics]:
     r"""GFlowRL trajectory-balance loss with drift correction and flow-gap clipping (paper Eq. 8).
 
-    .. math::
-        \delta_i = (S_i - S^{old}_i)/\lambda_i,\qquad
-        w_i = \mathrm{sg}\big(\min(\rho_i, 1+\epsilon_{IS})\big),\qquad
-        \mathcal L_i = w_i\,(\tilde g_i + \delta_i)^2
+    $$
+    \delta_i = (S_i - S^{old}_i)/\lambda_i,\qquad
+    w_i = \mathrm{sg}\big(\min(\rho_i, 1+\epsilon_{IS})\big),\qquad
+    \mathcal L_i = w_i\,(\tilde g_i + \delta_i)^2
+    $$
 
-    with :math:`\tilde g_i` from :func:`flow_gap`, :math:`\lambda_i = L_i` (``paper``,
-    ``normalized``) or 1 (``cprime``), and :math:`\rho_i = e^{(S_i - S^{old}_i)/L_i}` (geometric,
-    default) or :math:`e^{S_i - S^{old}_i}`. At :math:`\theta = \theta_{old}` the gradient is a policy
-    gradient with per-sequence advantage :math:`-2\tilde g_i/\lambda_i`. Compute ``gap`` once over
+    with $\tilde g_i$ from `flow_gap`, $\lambda_i = L_i$ (``paper``,
+    ``normalized``) or 1 (``cprime``), and $\rho_i = e^{(S_i - S^{old}_i)/L_i}$ (geometric,
+    default) or $e^{S_i - S^{old}_i}$. At $\theta = \theta_{old}$ the gradient is a policy
+    gradient with per-sequence advantage $-2\tilde g_i/\lambda_i$. Compute ``gap`` once over
     whole groups before micro-batching and pass it in; otherwise it is computed here.
 
     Args:
         logp: ``[B, T]`` current log-probs (gradient). logp_old, logp_ref: ``[B, T]`` no gradient.
         rewards: ``[G, K]`` raw rewards (B = G*K). mask: ``[B, T]`` policy-token mask.
-        beta, variant, max_up, max_down: see :func:`flow_gap`. is_cap: :math:`1+\epsilon_{IS} > 0`.
+        beta, variant, max_up, max_down: see `flow_gap`. is_cap: $1+\epsilon_{IS} > 0$.
         geometric_ratio: length-normalised (True) or literal sequence IS ratio.
-        gap: precomputed :class:`FlowGap` for these rows.
+        gap: precomputed `FlowGap` for these rows.
 
     Returns:
         ``(loss [B, T], GFlowRLDiagnostics)``; aggregate with ``seq-mean-token-sum`` for Eq. 8.
@@ -259,7 +264,7 @@ def gflowrl_loss(
     References:
         Liu et al. 2026 (arXiv:2607.13394); Malkin et al. 2022, trajectory balance (arXiv:2201.13259).
 
-    Example:
+    Examples:
         >>> r = torch.tensor([[1.0, 0.0]]); z = torch.zeros(2, 1); m = torch.ones(2, 1, dtype=torch.bool)
         >>> loss, d = gflowrl_loss(z, z, z, r, m, beta=0.2)
         >>> [round(x, 4) for x in d.sequence_loss[0].tolist()]
@@ -348,20 +353,21 @@ def flowrl_loss(
 ) -> tuple[Float[Tensor, "B T"], GFlowRLDiagnostics]:
     r"""FlowRL's trajectory-balance loss with a learned log-partition (the GFlowRL baseline).
 
-    .. math::
-        \Delta_i = \log Z_\phi(x) + \frac{S_i - S^{ref}_i}{L_i} - \beta\hat r_i,\qquad
-        w_i = \mathrm{sg}\big(\mathrm{clip}(e^{S_i - S^{old}_i}, 1-\epsilon, 1+\epsilon)\big),\qquad
-        \mathcal L_i = w_i\Delta_i^2
+    $$
+    \Delta_i = \log Z_\phi(x) + \frac{S_i - S^{ref}_i}{L_i} - \beta\hat r_i,\qquad
+    w_i = \mathrm{sg}\big(\mathrm{clip}(e^{S_i - S^{old}_i}, 1-\epsilon, 1+\epsilon)\big),\qquad
+    \mathcal L_i = w_i\Delta_i^2
+    $$
 
-    with :math:`\hat r` the group z-scored reward (:func:`group_normalized_advantages`). Gradients
+    with $\hat r$ the group z-scored reward (`group_normalized_advantages`). Gradients
     flow into both ``logp`` and ``log_z``; the ``log_z`` minimising the batch's loss is
-    :func:`flowrl_optimal_log_z`.
+    `flowrl_optimal_log_z`.
 
     Args:
         logp, logp_old, logp_ref: ``[B, T]``. rewards: ``[G, K]``. mask: ``[B, T]``.
         log_z: ``[G]`` learned log-partition per prompt (carries gradient).
-        beta: reward scale (FlowRL: 15). clip: :math:`\epsilon \in (0, 1)`.
-        r_hat: optional ``[G, K]`` precomputed :math:`\hat r` (z-scored over whole groups before
+        beta: reward scale (FlowRL: 15). clip: $\epsilon \in (0, 1)$.
+        r_hat: optional ``[G, K]`` precomputed $\hat r$ (z-scored over whole groups before
             micro-batching); ``rewards`` then only gives the shape.
 
     Returns:
@@ -370,7 +376,7 @@ def flowrl_loss(
     References:
         Zhu et al. 2025, FlowRL (arXiv:2509.15207).
 
-    Example:
+    Examples:
         >>> z = torch.zeros(2, 1); m = torch.ones(2, 1, dtype=torch.bool)
         >>> _, d = flowrl_loss(z, z, z, torch.tensor([[1.0, 0.0]]), m, torch.zeros(1), beta=1.0)
         >>> [round(x, 3) for x in d.sequence_loss[0].tolist()]
@@ -404,24 +410,26 @@ def flowrl_optimal_log_z(
     clip: float = 0.2,
     r_hat: Float[Tensor, "G K"] | None = None,
 ) -> Float[Tensor, " G"]:
-    r"""The per-prompt :math:`\log Z` that minimises :func:`flowrl_loss` on this batch (no gradient).
+    r"""The per-prompt $\log Z$ that minimises `flowrl_loss` on this batch (no gradient).
 
-    :math:`\sum_i w_i\Delta_i^2` is a convex quadratic in :math:`\log Z(x)`, minimised at the
+    $\sum_i w_i\Delta_i^2$ is a convex quadratic in $\log Z(x)$, minimised at the
     weighted mean
 
-    .. math:: \log Z^\star(x) = \frac{\sum_{i\in x} w_i\big(\beta\hat r_i - (S_i - S^{ref}_i)/L_i\big)}{\sum_{i\in x} w_i}
+    $$
+    \log Z^\star(x) = \frac{\sum_{i\in x} w_i\big(\beta\hat r_i - (S_i - S^{ref}_i)/L_i\big)}{\sum_{i\in x} w_i}
+    $$
 
-    (valid responses only; 0 for a group without one). At :math:`\theta = \theta_{old}` (all
-    :math:`w_i = 1`) this is GFlowRL's in-batch estimate :func:`mc_log_partition` of
-    :math:`\beta\hat r_i + (S^{ref}_i - S^{old}_i)/L_i` (the ``normalized`` variant): the learned
-    :math:`\log Z_\phi` of FlowRL chases what GFlowRL computes in closed form.
+    (valid responses only; 0 for a group without one). At $\theta = \theta_{old}$ (all
+    $w_i = 1$) this is GFlowRL's in-batch estimate `mc_log_partition` of
+    $\beta\hat r_i + (S^{ref}_i - S^{old}_i)/L_i$ (the ``normalized`` variant): the learned
+    $\log Z_\phi$ of FlowRL chases what GFlowRL computes in closed form.
 
-    Args: as :func:`flowrl_loss` (without ``log_z``).
+    Args: as `flowrl_loss` (without ``log_z``).
 
     Returns:
         ``[G]`` optimal log-partitions.
 
-    Example:
+    Examples:
         >>> lp = torch.tensor([[-1.0], [-2.0]]); m = torch.ones(2, 1, dtype=torch.bool)  # r_hat = +-0.7071
         >>> flowrl_optimal_log_z(lp, lp, torch.zeros(2, 1), torch.tensor([[1.0, 0.0]]), m, beta=1.0).tolist()
         [1.5]

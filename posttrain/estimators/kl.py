@@ -1,10 +1,10 @@
 r"""Schulman's per-token KL estimators and a straight-through combinator.
 
-With :math:`d = \ell - \ell_{ref}` on tokens sampled from the current policy :math:`\pi`:
+With $d = \ell - \ell_{ref}$ on tokens sampled from the current policy $\pi$:
 
-- k1 :math:`= d` (unbiased for :math:`\mathrm{KL}(\pi\|\pi_{ref})`, high variance, can be negative),
-- k2 :math:`= d^2/2` (biased, low variance, :math:`\ge 0`),
-- k3 :math:`= e^{-d} + d - 1` (unbiased, :math:`\ge 0`; verl ``low_var_kl``).
+- k1 $= d$ (unbiased for $\mathrm{KL}(\pi\|\pi_{ref})$, high variance, can be negative),
+- k2 $= d^2/2$ (biased, low variance, $\ge 0$),
+- k3 $= e^{-d} + d - 1$ (unbiased, $\ge 0$; verl ``low_var_kl``).
 
 Reference: J. Schulman, "Approximating KL divergence", 2020 (joschu.net/blog/kl-approx.html).
 """
@@ -37,9 +37,9 @@ def _log_diff(logp: Tensor, logp_ref: Tensor) -> Tensor:
 
 
 def _k3_lower_gap(max_value: float) -> float:
-    r"""The :math:`d < 0` where :math:`e^{-d} + d - 1 = m` (``max_value``): below it k3 exceeds the cap.
+    r"""The $d < 0$ where $e^{-d} + d - 1 = m$ (``max_value``): below it k3 exceeds the cap.
 
-    Newton's method on :math:`f(u) = e^u - u - 1 - m` for :math:`u = -d > 0` (convex and increasing
+    Newton's method on $f(u) = e^u - u - 1 - m$ for $u = -d > 0$ (convex and increasing
     there), started to the right of the root so the iterates decrease monotonically onto it.
     """
     u = max(math.log1p(max_value) + 1.0, 1.0)
@@ -54,9 +54,9 @@ def _k3_lower_gap(max_value: float) -> float:
 @register_kl("k1", paper=_SCHULMAN)
 @computes_in_float32
 def k1_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
-    r"""k1 estimator :math:`\ell - \ell_{ref}` of :math:`\mathrm{KL}(\pi\|\pi_{ref})` per token.
+    r"""k1 estimator $\ell - \ell_{ref}$ of $\mathrm{KL}(\pi\|\pi_{ref})$ per token.
 
-    Example:
+    Examples:
         >>> float(k1_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]])))
         0.5
     """
@@ -66,9 +66,9 @@ def k1_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[T
 @register_kl("k2", paper=_SCHULMAN)
 @computes_in_float32
 def k2_kl(logp: Float[Tensor, "B T"], logp_ref: Float[Tensor, "B T"]) -> Float[Tensor, "B T"]:
-    r"""k2 estimator :math:`\tfrac12(\ell - \ell_{ref})^2` per token (non-negative, biased).
+    r"""k2 estimator $\tfrac12(\ell - \ell_{ref})^2$ per token (non-negative, biased).
 
-    Example:
+    Examples:
         >>> float(k2_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]])))
         0.125
     """
@@ -84,28 +84,29 @@ def k3_kl(
     log_ratio_clamp: float | None = LOG_RATIO_CLAMP,
     max_value: float | None = None,
 ) -> Float[Tensor, "B T"]:
-    r"""k3 estimator :math:`e^{\ell_{ref}-\ell} - (\ell_{ref} - \ell) - 1` per token (non-negative, unbiased).
+    r"""k3 estimator $e^{\ell_{ref}-\ell} - (\ell_{ref} - \ell) - 1$ per token (non-negative, unbiased).
 
-    Computed as ``expm1(-d) + d`` with :math:`d = \ell - \ell_{ref}` for accuracy near 0. By default
-    :math:`d` is clamped to ``[-20, 20]`` (verl's and OpenRLHF's log-ratio clamp), so the value is
-    finite (at most :math:`e^{20} + 19`) whatever the gap; TRL leaves it unclamped
+    Computed as ``expm1(-d) + d`` with $d = \ell - \ell_{ref}$ for accuracy near 0. By default
+    $d$ is clamped to ``[-20, 20]`` (verl's and OpenRLHF's log-ratio clamp), so the value is
+    finite (at most $e^{20} + 19$) whatever the gap; TRL leaves it unclamped
     (``log_ratio_clamp=None``, which overflows to inf for gaps beyond ~88 in float32). verl's
     ``low_var_kl`` is ``log_ratio_clamp=20, max_value=10``; OpenRLHF's is ``max_value=10``. A clamp
     makes the estimator biased and zeroes its gradient where it is active. The cap
-    ``max_value = m`` is applied to :math:`d` (at the gap :math:`d_m < 0` with k3 :math:`= m`, and
-    to the value for :math:`d > 0`), so :math:`e^{-d}` never overflows where the cap binds and the
+    ``max_value = m`` is applied to $d$ (at the gap $d_m < 0$ with k3 $= m$, and
+    to the value for $d > 0$), so $e^{-d}$ never overflows where the cap binds and the
     gradient there is exactly 0, not NaN.
 
     Args:
         logp, logp_ref: same-shape float log-probs (``[B, T]``) of the sampled tokens, finite.
-        log_ratio_clamp: if set (positive), clamp :math:`d` to ``[-c, c]`` first; None: unclamped.
+        log_ratio_clamp: if set (positive), clamp $d$ to ``[-c, c]`` first; None: unclamped.
         max_value: if set (positive), clamp the value to at most this.
 
     Raises:
-        ShapeError: non-float or mismatched inputs. DomainError: non-finite log-probs, a
-        non-positive clamp or cap.
+        ShapeError: non-float or mismatched inputs.
+        DomainError: non-finite log-probs, a
+            non-positive clamp or cap.
 
-    Example:
+    Examples:
         >>> round(float(k3_kl(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]))), 7)
         0.1065307
     """
@@ -123,7 +124,9 @@ def k3_kl(
 def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
     r"""A tensor whose value is ``value`` and whose gradient is that of ``gradient``.
 
-    .. math:: \mathrm{out} = \mathrm{sg}(v - g) + g
+    $$
+    \mathrm{out} = \mathrm{sg}(v - g) + g
+    $$
 
     e.g. verl's ``k3+``: ``straight_through(k3_kl(lp, ref), k2_kl(lp, ref))`` has k3's value and
     k2's (unbiased-gradient) gradient.
@@ -131,7 +134,7 @@ def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
     Args:
         value, gradient: same-shape float tensors.
 
-    Example:
+    Examples:
         >>> lp = torch.tensor([-1.0], requires_grad=True); ref = torch.tensor([-1.5])
         >>> out = straight_through(k3_kl(lp, ref), k2_kl(lp, ref))
         >>> out.backward(); round(float(out.detach()), 7), float(lp.grad)  # k3's value, k2's gradient d = 0.5

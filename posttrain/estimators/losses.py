@@ -1,7 +1,7 @@
 """Per-token policy-gradient losses (to be minimised) with diagnostics.
 
 Each loss returns ``(loss [B, T], diagnostics)``; reduce with
-:func:`posttrain.estimators.aggregate`. Masked positions of the loss are exactly 0.
+`posttrain.estimators.aggregate`. Masked positions of the loss are exactly 0.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = [
 
 
 GSPO_LOG_RATIO_MAX = 10.0
-"""verl clamps GSPO's token-level log sequence ratio at 10 (ratio at most :math:`e^{10}`) before ``exp``."""
+"""verl clamps GSPO's token-level log sequence ratio at 10 (ratio at most $e^{10}$) before ``exp``."""
 
 
 class ClipDiagnostics(NamedTuple):
@@ -49,9 +49,9 @@ class ClipDiagnostics(NamedTuple):
     clip_frac: Tensor
     """Fraction of tokens where the clipped branch is active (its gradient is zero)."""
     dual_clip_frac: Tensor
-    """Fraction of tokens where the dual clip bound :math:`-cA` is active."""
+    """Fraction of tokens where the dual clip bound $-cA$ is active."""
     approx_kl: Tensor
-    """:math:`\\mathrm{mean}(\\ell_{old} - \\ell)`, verl's ``ppo_kl``."""
+    """$\\mathrm{mean}(\\ell_{old} - \\ell)$, verl's ``ppo_kl``."""
     ratio_mean: Tensor
     """Mean importance ratio."""
 
@@ -85,17 +85,18 @@ def ppo_clip_objective(
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""The elementwise PPO-clip loss, written as in the paper (the plain reference form).
 
-    .. math::
-        L = \max\big(-A r,\; -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h)\big),\qquad
-        L \leftarrow \min(L, -cA)\ \text{where}\ A < 0\ \text{(dual clip, ``dual_clip=c``)}
+    $$
+    L = \max\big(-A r,\; -A\,\mathrm{clip}(r, 1-\epsilon_l, 1+\epsilon_h)\big),\qquad
+    L \leftarrow \min(L, -cA)\ \text{where}\ A < 0\ \text{(dual clip, ``dual_clip=c``)}
+    $$
 
     Returns ``(loss, clipped, dual_clipped)``: the loss at the broadcast shape of ``ratio`` and
     ``advantages``, and boolean masks of where the clipped branch, respectively the dual bound
-    :math:`-cA`, is the active one (the gradient with respect to ``ratio`` is zero there). ``ratio``
-    must be positive. No validation: callers validate. :func:`clipped_ratio_loss` computes the same
+    $-cA$, is the active one (the gradient with respect to ``ratio`` is zero there). ``ratio``
+    must be positive. No validation: callers validate. `clipped_ratio_loss` computes the same
     numbers in fewer passes; its tests compare it with this form.
 
-    Example:
+    Examples:
         >>> loss, clipped, dual = ppo_clip_objective(
         ...     torch.tensor([1.5, 0.5, 5.0]), torch.tensor([1.0, -1.0, -1.0]), clip_low=0.2, clip_high=0.2, dual_clip=3.0)
         >>> loss.tolist(), clipped.tolist(), dual.tolist()
@@ -117,11 +118,11 @@ def ppo_clip_objective(
 def _clip_bounds(
     advantages: Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None
 ) -> tuple[Tensor, Tensor]:
-    r"""Per-element bounds :math:`(l_A, u_A)` with PPO-clip :math:`= -A\,\mathrm{clamp}(r, l_A, u_A)` for :math:`r > 0`.
+    r"""Per-element bounds $(l_A, u_A)$ with PPO-clip $= -A\,\mathrm{clamp}(r, l_A, u_A)$ for $r > 0$.
 
-    For :math:`A > 0`, :math:`\max(-Ar, -A\,\mathrm{clip}(r)) = -A\min(r, 1+\epsilon_h)`; for
-    :math:`A < 0` it is :math:`-A\max(r, 1-\epsilon_l)`, and the dual clip caps that at :math:`c`;
-    :math:`A = 0` gets no bound (the loss is 0 either way; nothing counts as clipped). Computed at
+    For $A > 0$, $\max(-Ar, -A\,\mathrm{clip}(r)) = -A\min(r, 1+\epsilon_h)$; for
+    $A < 0$ it is $-A\max(r, 1-\epsilon_l)$, and the dual clip caps that at $c$;
+    $A = 0$ gets no bound (the loss is 0 either way; nothing counts as clipped). Computed at
     the advantages' shape (``[B, 1]`` for sequence advantages), so it costs nothing per token.
     """
     dtype, device = advantages.dtype, advantages.device
@@ -189,7 +190,7 @@ def _plain_clipped_ratio_loss(
     dual_clip: float | None,
     on_policy: Tensor | None,
 ) -> tuple[Tensor, ClipDiagnostics]:
-    """:func:`clipped_ratio_loss` in the plain form (validated inputs; ``adv`` already ``[B, T]``)."""
+    """`clipped_ratio_loss` in the plain form (validated inputs; ``adv`` already ``[B, T]``)."""
     lr = zero_off_mask(logp - logp_old, mask)  # off-mask NaN/inf reach neither value nor gradient
     if on_policy is not None:  # value 0, gradient kept
         lr = lr - zero_off_mask(lr.detach(), on_policy)
@@ -205,7 +206,7 @@ def _masked_log_ratio(logp: Tensor, logp_old: Tensor, keep8: Tensor) -> tuple[Te
     """``(lr, min, max)``: the log-ratio times the uint8 mask ``keep8`` (no gradient) and its range.
 
     A NaN or infinity off the mask survives the multiply (``NaN * 0``) and shows in the range; the
-    caller then masks with ``where`` (:func:`_masked_log_ratio_where`).
+    caller then masks with ``where`` (`_masked_log_ratio_where`).
     """
     lr = torch.sub(logp, logp_old).mul_(keep8)
     lo, hi = torch.aminmax(lr)
@@ -213,7 +214,7 @@ def _masked_log_ratio(logp: Tensor, logp_old: Tensor, keep8: Tensor) -> tuple[Te
 
 
 def _masked_log_ratio_where(logp: Tensor, logp_old: Tensor, keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`_masked_log_ratio` with ``where``: exact zeros off the mask whatever it holds."""
+    """`_masked_log_ratio` with ``where``: exact zeros off the mask whatever it holds."""
     lr = torch.where(keep, torch.sub(logp, logp_old), torch.zeros((), dtype=logp.dtype, device=logp.device))
     lo, hi = torch.aminmax(lr)
     return lr, lo, hi
@@ -225,10 +226,10 @@ def _fused_forward(
     r"""Forward of the fused PPO-clip loss: ``(loss, dloss/dlogp, n_active, n_dual, sum lr, sum r)``.
 
     ``lr`` is the log-ratio, 0 off the mask and on on-policy tokens (consumed: edited in place),
-    finite and within :math:`\pm 20` (the caller checks, so the clamp is the identity);
-    ``neg_adv`` is :math:`-A` (0 off the mask), ``lower``/``upper`` the bounds of ``_clip_bounds``.
-    :math:`\partial L/\partial\ell = -A r` where the clamp is the identity (``active``), else 0.
-    Sums run over every entry: off the mask :math:`\log r = 0`, :math:`r = 1` and nothing is clipped.
+    finite and within $\pm 20$ (the caller checks, so the clamp is the identity);
+    ``neg_adv`` is $-A$ (0 off the mask), ``lower``/``upper`` the bounds of ``_clip_bounds``.
+    $\partial L/\partial\ell = -A r$ where the clamp is the identity (``active``), else 0.
+    Sums run over every entry: off the mask $\log r = 0$, $r = 1$ and nothing is clipped.
     """
     lr_sum = lr.sum()
     ratio = lr.exp_()
@@ -284,51 +285,53 @@ def clipped_ratio_loss(
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
     r"""PPO clipped-ratio policy loss per token (clip-higher and dual clip as options).
 
-    .. math::
-        r = \exp(\mathrm{clamp}(\ell - \ell_{old}, -20, 20)),\quad
-        L = \max\big(-A r,\; -A\,\mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+    $$
+    r = \exp(\mathrm{clamp}(\ell - \ell_{old}, -20, 20)),\quad
+    L = \max\big(-A r,\; -A\,\mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+    $$
 
-    and, with ``dual_clip = c > 1``, :math:`L \leftarrow \min(L, -cA)` where :math:`A < 0`.
+    and, with ``dual_clip = c > 1``, $L \leftarrow \min(L, -cA)$ where $A < 0$.
     Masked positions are 0 and get zero gradient whatever the inputs hold there (NaN and inf
-    included); the gradient is zero exactly where a clip bound is active (and where :math:`A = 0`).
+    included); the gradient is zero exactly where a clip bound is active (and where $A = 0$).
     Defaults: symmetric clip 0.2 and no dual clip; verl's ``vanilla`` is ``dual_clip=3.0``; DAPO's
     clip-higher is ``clip_high=0.28``; TRL does not clamp the log-ratio (irrelevant unless
-    :math:`|\ell-\ell_{old}| > 20`). float16/bfloat16 inputs are computed in float32 and the outputs
+    $|\ell-\ell_{old}| > 20$). float16/bfloat16 inputs are computed in float32 and the outputs
     returned in the input dtype.
 
-    The default (``fused=True``) computes :math:`L = -A\,\mathrm{clamp}(r, l_A, u_A)` with
-    per-sign bounds (equal to the max/min form for :math:`r > 0`, see ``_clip_bounds``) in a
+    The default (``fused=True``) computes $L = -A\,\mathrm{clamp}(r, l_A, u_A)$ with
+    per-sign bounds (equal to the max/min form for $r > 0$, see ``_clip_bounds``) in a
     custom autograd function: a few in-place passes forward and one multiply backward
-    (:math:`\partial L/\partial\ell = -A r` where no bound is active, else 0, saved in the
-    forward). ``fused=False`` is the plain form (:func:`ppo_clip_objective` on masked tensors);
-    the tests hold the two equal in value, gradient and diagnostics. Log-ratios beyond :math:`\pm 20` on the mask (the clamp binds) take the plain form.
+    ($\partial L/\partial\ell = -A r$ where no bound is active, else 0, saved in the
+    forward). ``fused=False`` is the plain form (`ppo_clip_objective` on masked tensors);
+    the tests hold the two equal in value, gradient and diagnostics. Log-ratios beyond $\pm 20$ on the mask (the clamp binds) take the plain form.
 
     Args:
         logp: ``[B, T]`` current-policy token log-probs (carries gradient).
         logp_old: ``[B, T]`` behaviour (old-policy) token log-probs.
         advantages: ``[B]`` per-sequence or ``[B, T]`` per-token advantages.
         mask: ``[B, T]`` boolean response mask, at least one True.
-        clip_low: :math:`\epsilon_{low} \in (0, 1)`.
-        clip_high: :math:`\epsilon_{high} > 0`.
-        dual_clip: the dual-clip constant :math:`c > 1`, or None.
+        clip_low: $\epsilon_{low} \in (0, 1)$.
+        clip_high: $\epsilon_{high} > 0$.
+        dual_clip: the dual-clip constant $c > 1$, or None.
         on_policy: optional ``[B, T]`` boolean; on these tokens the log-ratio is replaced by
-            :math:`\ell - \mathrm{sg}(\ell)` (ratio value 1, gradient :math:`\nabla\ell`, never clipped),
+            $\ell - \mathrm{sg}(\ell)$ (ratio value 1, gradient $\nabla\ell$, never clipped),
             in place of a substituted copy of ``logp_old`` (SIS's accepted tokens,
-            :func:`posttrain.estimators.sis.sis_loss`).
+            `posttrain.estimators.sis.sis_loss`).
         fused: the fused computation (default) or the plain reference form.
 
     Returns:
         ``(loss [B, T], ClipDiagnostics)``.
 
     Raises:
-        ShapeError: wrong ranks, dtypes or shapes. DomainError: bad clip values, empty mask,
-        non-finite inputs on valid positions.
+        ShapeError: wrong ranks, dtypes or shapes.
+        DomainError: bad clip values, empty mask,
+            non-finite inputs on valid positions.
 
     References:
         Schulman et al. 2017 (arXiv:1707.06347); Ye et al. 2020 (dual clip, arXiv:1912.09729);
         Yu et al. 2025 (DAPO clip-higher, arXiv:2503.14476).
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[1.5, 0.5, 1.5, 0.5, 5.0]]))
         >>> m = torch.ones(1, 5, dtype=torch.bool)
         >>> a = torch.tensor([[1., 1., -1., -1., -1.]])
@@ -392,13 +395,14 @@ def gspo_loss(
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
     r"""GSPO: PPO clipping on the sequence-level (geometric-mean) importance ratio.
 
-    .. math::
-        \log s_i = \frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it}),\qquad
-        s_{it} = \exp\big(\mathrm{sg}(\log s_i) + \ell_{it} - \mathrm{sg}(\ell_{it})\big)
+    $$
+    \log s_i = \frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it}),\qquad
+    s_{it} = \exp\big(\mathrm{sg}(\log s_i) + \ell_{it} - \mathrm{sg}(\ell_{it})\big)
+    $$
 
-    clamped at :math:`\log s_{it} \le 10` (verl's literal), then the PPO-clip loss with ``clip_low``/``clip_high``
-    and no dual clip, per token. Its value is :math:`s_i` on every token of sequence :math:`i`
-    and its gradient :math:`s_i \nabla \ell_{it}` (verl's per-token realisation). With advantages
+    clamped at $\log s_{it} \le 10$ (verl's literal), then the PPO-clip loss with ``clip_low``/``clip_high``
+    and no dual clip, per token. Its value is $s_i$ on every token of sequence $i$
+    and its gradient $s_i \nabla \ell_{it}$ (verl's per-token realisation). With advantages
     constant per sequence, aggregate with ``seq-mean-token-mean`` to get GSPO's objective.
 
     Args:
@@ -409,13 +413,14 @@ def gspo_loss(
         ``(loss [B, T], ClipDiagnostics)``; ``dual_clip_frac`` is always 0.
 
     Raises:
-        ShapeError: wrong ranks, dtypes or shapes. DomainError: bad clip values, empty mask,
-        non-finite inputs on valid positions.
+        ShapeError: wrong ranks, dtypes or shapes.
+        DomainError: bad clip values, empty mask,
+            non-finite inputs on valid positions.
 
     References:
         Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071).
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[2.0, 0.5]]))  # token ratios 2 and 1/2: geometric mean 1
         >>> loss, _ = gspo_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool))
         >>> loss.tolist()
@@ -470,22 +475,23 @@ def cispo_loss(
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
     r"""CISPO: REINFORCE weighted by the clipped, stop-gradient importance ratio, per token.
 
-    .. math::
-        r = \exp(\mathrm{clamp}(\ell - \ell_{old}, -20, 20)),\qquad
-        L = -\,\mathrm{sg}(w)\,A\,\ell,\qquad
-        w = \begin{cases}\mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high}) & \texttt{clip\_mode="verl"}\\
-        \min(r, \epsilon_{high}) & \texttt{clip\_mode="minimax"}\end{cases}
+    $$
+    r = \exp(\mathrm{clamp}(\ell - \ell_{old}, -20, 20)),\qquad
+    L = -\,\mathrm{sg}(w)\,A\,\ell,\qquad
+    w = \begin{cases}\mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high}) & \texttt{clip\_mode="verl"}\\
+    \min(r, \epsilon_{high}) & \texttt{clip\_mode="minimax"}\end{cases}
+    $$
 
-    so :math:`\partial L/\partial\ell = -wA`: unlike the PPO clip, a clipped token keeps a (capped)
-    gradient instead of none. The value is the literal :math:`-wA\ell` of verl's and TRL's ``cispo``
-    (not the ratio surrogate :math:`-wA e^{\ell-\mathrm{sg}(\ell)}`; the gradients agree). At
-    :math:`\ell = \ell_{old}`, :math:`w = 1` and the gradient is the REINFORCE/GRPO one, :math:`-A\nabla\ell`.
+    so $\partial L/\partial\ell = -wA$: unlike the PPO clip, a clipped token keeps a (capped)
+    gradient instead of none. The value is the literal $-wA\ell$ of verl's and TRL's ``cispo``
+    (not the ratio surrogate $-wA e^{\ell-\mathrm{sg}(\ell)}$; the gradients agree). At
+    $\ell = \ell_{old}$, $w = 1$ and the gradient is the REINFORCE/GRPO one, $-A\nabla\ell$.
 
     Conventions: ``"verl"`` (default; verl's ``cispo`` loss mode, defaults
-    :math:`\epsilon_{low} = \epsilon_{high} = 0.2` as verl's ``clip_ratio``; any
-    :math:`\epsilon_{low} \ge 1` removes the lower bound, the MiniMax paper's practice) and
+    $\epsilon_{low} = \epsilon_{high} = 0.2$ as verl's ``clip_ratio``; any
+    $\epsilon_{low} \ge 1$ removes the lower bound, the MiniMax paper's practice) and
     ``"minimax"`` (TRL's ``loss_type="cispo"``: no lower bound, ``clip_high`` is the absolute cap
-    :math:`\epsilon_{high} \ge 1`, default 5.0; ``clip_low`` must be None). The paper's optional token
+    $\epsilon_{high} \ge 1$, default 5.0; ``clip_low`` must be None). The paper's optional token
     mask (its unified PPO-style formulation) is not implemented.
 
     Args:
@@ -494,14 +500,14 @@ def cispo_loss(
         advantages: ``[B]`` per-sequence or ``[B, T]`` per-token advantages.
         mask: ``[B, T]`` boolean response mask, at least one True.
         clip_mode: ``"verl"`` or ``"minimax"`` (above).
-        clip_low: :math:`\epsilon_{low} > 0` (``"verl"`` only; None = 0.2).
-        clip_high: :math:`\epsilon_{high}`: > 0 relative (``"verl"``, None = 0.2) or >= 1 absolute
+        clip_low: $\epsilon_{low} > 0$ (``"verl"`` only; None = 0.2).
+        clip_high: $\epsilon_{high}$: > 0 relative (``"verl"``, None = 0.2) or >= 1 absolute
             (``"minimax"``, None = 5.0).
         on_policy: optional ``[B, T]`` boolean; on these tokens the ratio is 1 and so is the weight
             (SIS's accepted tokens, as ``clipped_ratio_loss(..., on_policy=...)``): CISPO + SIS,
-            :math:`-\mathrm{sg}(\mathrm{clip}(\tilde\rho))A\ell`, is ``on_policy=accepted``
-            (*reconstructed* plug-in form, spec 16 section 3.3; equal to substituting
-            :func:`~posttrain.estimators.sis.sis_logp_old` for ``logp_old``).
+            $-\mathrm{sg}(\mathrm{clip}(\tilde\rho))A\ell$, is ``on_policy=accepted``
+            (*reconstructed* plug-in form, docs: methods/sis.md; equal to substituting
+            `sis_logp_old` for ``logp_old``).
 
     Returns:
         ``(loss [B, T], ClipDiagnostics)``; masked positions are 0 and get zero gradient whatever
@@ -509,14 +515,15 @@ def cispo_loss(
         (their gradient is scaled, not zeroed); ``dual_clip_frac`` is always 0.
 
     Raises:
-        ShapeError: wrong ranks, dtypes or shapes. DomainError: unknown ``clip_mode``, bad clip
-        values, empty mask, non-finite inputs on valid positions.
+        ShapeError: wrong ranks, dtypes or shapes.
+        DomainError: unknown ``clip_mode``, bad clip
+            values, empty mask, non-finite inputs on valid positions.
 
     References:
         MiniMax 2025, MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention
         (arXiv:2506.13585), section 3.1 (CISPO).
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[1.5, 0.5, 1.1]])).requires_grad_()  # ratios vs logp_old = 0
         >>> m = torch.ones(1, 3, dtype=torch.bool)
         >>> loss, d = cispo_loss(lp, torch.zeros(1, 3), torch.tensor([1.0]), m)

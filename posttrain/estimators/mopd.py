@@ -1,15 +1,15 @@
 r"""Open-MOPD: budget allocation for multi-teacher on-policy distillation.
 
 Rows carry an integer domain label ``domain [B]`` in ``[0, D)`` (string labels are mapped at the
-config edge); each row is hard-routed to its domain's teacher (:func:`route_teacher_logprobs`).
-The dense reward is the top-k reverse-KL reward :func:`~posttrain.estimators.distill.topk_reverse_kl_reward`
+config edge); each row is hard-routed to its domain's teacher (`route_teacher_logprobs`).
+The dense reward is the top-k reverse-KL reward `topk_reverse_kl_reward`
 (``[B, T, K]``, K = student top-k support). Three fixes of the budget:
 
-- token-share balancing :math:`w^{share}_d = g^\star_d / s_d` (:func:`token_share_weights`);
-- gap-following :math:`f_d = \mathrm{clip}((m_d/\bar m)^\alpha, 0.05, 20)` (:func:`gap_factors`);
-- normalised row weights with token-weighted mean 1 (:func:`mopd_domain_weights`), multiplying
+- token-share balancing $w^{share}_d = g^\star_d / s_d$ (`token_share_weights`);
+- gap-following $f_d = \mathrm{clip}((m_d/\bar m)^\alpha, 0.05, 20)$ (`gap_factors`);
+- normalised row weights with token-weighted mean 1 (`mopd_domain_weights`), multiplying
   the advantage (never the mask), and the reward refresh before every inner update
-  (:func:`refreshed_reward`, no teacher call).
+  (`refreshed_reward`, no teacher call).
 
 Reference: Gao et al. 2026, Open-MOPD (arXiv:2608.19098).
 """
@@ -72,7 +72,7 @@ def route_teacher_logprobs(
 ) -> Float[Tensor, "B T K"]:
     """Hard routing: row b takes the log-probs of teacher ``domain[b]`` (one-hot; unknown labels raise).
 
-    Example:
+    Examples:
         >>> lt = torch.stack([torch.zeros(2, 1, 1), torch.ones(2, 1, 1)])
         >>> route_teacher_logprobs(lt, torch.tensor([1, 0])).flatten().tolist()
         [1.0, 0.0]
@@ -86,7 +86,7 @@ def route_teacher_logprobs(
 def domain_token_counts(domain: Int[Tensor, " B"], mask: Bool[Tensor, "B T"], n_domains: int) -> Float[Tensor, " D"]:
     """Response tokens per domain, ``[D]`` (float).
 
-    Example:
+    Examples:
         >>> m = torch.tensor([[True, True], [True, False], [True, False]])
         >>> domain_token_counts(torch.tensor([0, 1, 1]), m, 3).tolist()
         [2.0, 2.0, 0.0]
@@ -100,9 +100,9 @@ def domain_token_counts(domain: Int[Tensor, " B"], mask: Bool[Tensor, "B T"], n_
 def token_share_weights(
     domain: Int[Tensor, " B"], mask: Bool[Tensor, "B T"], targets: Float[Tensor, " D"]
 ) -> Float[Tensor, " D"]:
-    r"""Per-domain token-share weights :math:`w^{share}_d = g^\star_d / s_d` (0 for absent domains).
+    r"""Per-domain token-share weights $w^{share}_d = g^\star_d / s_d$ (0 for absent domains).
 
-    :math:`s_d` is domain d's share of the batch's response tokens; the targets are ratios,
+    $s_d$ is domain d's share of the batch's response tokens; the targets are ratios,
     renormalised over the domains present in the batch (uniform when all present targets are 0).
 
     Args:
@@ -111,7 +111,7 @@ def token_share_weights(
     Returns:
         ``[D]`` float64 weights.
 
-    Example:
+    Examples:
         >>> m = torch.tensor([[True, True, True], [True, False, False]])
         >>> token_share_weights(torch.tensor([0, 1]), m, torch.tensor([1.0, 1.0])).tolist()
         [0.6666666666666666, 2.0]
@@ -136,9 +136,11 @@ def domain_gap_magnitudes(
 ) -> Float[Tensor, " D"]:
     r"""Mean absolute per-token reward per domain (0 if absent).
 
-    .. math:: m_d = \frac{\sum_{b\in d,t} m_{bt}\,|\sum_k r_{btk}|}{\sum_{b\in d,t} m_{bt}}
+    $$
+    m_d = \frac{\sum_{b\in d,t} m_{bt}\,|\sum_k r_{btk}|}{\sum_{b\in d,t} m_{bt}}
+    $$
 
-    Example:
+    Examples:
         >>> r = torch.tensor([[[-0.5, 0.1]], [[-0.2, 0.0]]])
         >>> m = torch.ones(2, 1, dtype=torch.bool)
         >>> [round(x, 4) for x in domain_gap_magnitudes(r, m, torch.tensor([0, 1]), 2).tolist()]
@@ -161,18 +163,18 @@ def gap_factors(
     reference_weights: Float[Tensor, " D"] | None = None,
     eps: float = 1e-12,
 ) -> Float[Tensor, " D"]:
-    r"""Gap-following factors :math:`f_d = \mathrm{clip}((m_d/\bar m)^\alpha, f_{lo}, f_{hi})` ("multiply" direction).
+    r"""Gap-following factors $f_d = \mathrm{clip}((m_d/\bar m)^\alpha, f_{lo}, f_{hi})$ ("multiply" direction).
 
-    :math:`\bar m` is the plain mean over present domains (the paper); pass
+    $\bar m$ is the plain mean over present domains (the paper); pass
     ``reference_weights`` (e.g. the token-share weights) for the released code's weighted mean.
     Absent domains get factor 1 (they carry no rows); all magnitudes 0 gives factors 1. A present
-    domain with magnitude 0 gets :math:`\mathrm{clip}(0^\alpha) = f_{lo}` for :math:`\alpha > 0`
-    (and 1 for :math:`\alpha = 0`): the power is taken of the exact ratio, never of a floored one.
+    domain with magnitude 0 gets $\mathrm{clip}(0^\alpha) = f_{lo}$ for $\alpha > 0$
+    (and 1 for $\alpha = 0$): the power is taken of the exact ratio, never of a floored one.
 
     Raises:
         DomainError: a negative magnitude (magnitudes are absolute gaps).
 
-    Example:
+    Examples:
         >>> [round(x, 4) for x in gap_factors(torch.tensor([0.3, 0.1]), torch.tensor([True, True])).tolist()]
         [1.5, 0.5]
     """
@@ -198,15 +200,17 @@ def mopd_domain_weights(
     gap_alpha: float | None = 1.0,
     gap_reference: str = "mean",
 ) -> Float[Tensor, " B"]:
-    r"""Open-MOPD row weights :math:`w_b`, computed once per rollout batch.
+    r"""Open-MOPD row weights $w_b$, computed once per rollout batch.
 
-    .. math:: \tilde w_d = w^{share}_d f_d,\qquad w_b = \tilde w_{d(b)}\,\frac{\sum_b n_b}{\sum_b \tilde w_{d(b)} n_b}
+    $$
+    \tilde w_d = w^{share}_d f_d,\qquad w_b = \tilde w_{d(b)}\,\frac{\sum_b n_b}{\sum_b \tilde w_{d(b)} n_b}
+    $$
 
-    so the token-weighted mean of :math:`w_b` is 1. ``targets=None`` is naive M-OPD (all ones,
+    so the token-weighted mean of $w_b$ is 1. ``targets=None`` is naive M-OPD (all ones,
     no gap factor); ``gap_alpha=None`` is token-share only. ``gap_reference`` is ``"mean"``
     (paper) or ``"share_weighted"`` (released code). ``D`` is ``targets.shape[0]``.
 
-    Example:
+    Examples:
         >>> m = torch.tensor([[True, True, True], [True, False, False]])
         >>> r = torch.full((2, 3, 1), -0.1)
         >>> w = mopd_domain_weights(torch.tensor([0, 1]), m, r, targets=torch.tensor([1.0, 1.0]))
@@ -237,14 +241,16 @@ def refreshed_reward(
     mask: Bool[Tensor, "B T"],
     row_weights: Float[Tensor, " B"],
 ) -> Float[Tensor, "B T K"]:
-    r"""Reward refresh: recompute :math:`r` from the current student and the cached teacher, times :math:`w_b`.
+    r"""Reward refresh: recompute $r$ from the current student and the cached teacher, times $w_b$.
 
-    .. math:: r_{t,k} \leftarrow \mathrm{sg}[(\ell^T_k - \ell^{S,now}_k)\,\mathrm{softmax}_k(\ell^{S,now})]\,w_{d(b)}
+    $$
+    r_{t,k} \leftarrow \mathrm{sg}[(\ell^T_k - \ell^{S,now}_k)\,\mathrm{softmax}_k(\ell^{S,now})]\,w_{d(b)}
+    $$
 
     No teacher forward: ``logp_teacher_k`` is the rollout-time cache. On the first (on-policy)
     mini-batch it equals the stored weighted reward.
 
-    Example:
+    Examples:
         >>> ls = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> [round(x, 4) for x in refreshed_reward(ls, ls, torch.tensor([[True]]), torch.ones(1)).flatten().tolist()]
         [0.0, 0.0]
@@ -269,12 +275,14 @@ def topk_distill_loss(
 ) -> tuple[Float[Tensor, "B T"], ClipDiagnostics]:
     r"""Per-candidate dual-clip PPO loss summed over the K top-k candidates (Open-MOPD).
 
-    .. math:: L_t = \sum_k \mathrm{PPO}_{dual}(\rho_{t,k}, A_{t,k}),\quad \rho_{t,k} = e^{\ell_{t,k}-\ell^{old}_{t,k}}
+    $$
+    L_t = \sum_k \mathrm{PPO}_{dual}(\rho_{t,k}, A_{t,k}),\quad \rho_{t,k} = e^{\ell_{t,k}-\ell^{old}_{t,k}}
+    $$
 
     Reduce with ``aggregate(loss, mask, "token-mean")``. Diagnostics are token means of the
     per-candidate means (unweighted by the domain weights, which live in the advantage).
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[[0.5, 0.5]]]))
         >>> loss, _ = topk_distill_loss(lp, lp, torch.tensor([[[1.0, -2.0]]]), torch.tensor([[True]]))
         >>> float(loss)
@@ -298,9 +306,9 @@ def topk_distill_loss(
 
 
 def headroom_recovery(score: Tensor, init: Tensor, reference: Tensor) -> Tensor:
-    r"""Headroom recovery :math:`(s - s_0)/(s_{ref} - s_0)`; raises where reference == init.
+    r"""Headroom recovery $(s - s_0)/(s_{ref} - s_0)$; raises where reference == init.
 
-    Example:
+    Examples:
         >>> float(headroom_recovery(torch.tensor(0.5), torch.tensor(0.0), torch.tensor(1.0)))
         0.5
     """

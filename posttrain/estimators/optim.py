@@ -2,8 +2,8 @@ r"""Muon and AdamW as pure (init, update) pairs with explicit state, plus update
 
 Both updates work on tensors with any leading batch dimensions (e.g. a leading seed axis
 ``[S, m, n]``), so toy runs can vectorise over seeds and learning rates. They return additive
-updates :math:`\Delta W` (apply with ``W + ΔW``) and the new state; nothing is mutated.
-:mod:`posttrain.llm.train.muon` wraps them as a ``torch.optim.Optimizer`` for real models.
+updates $\Delta W$ (apply with ``W + ΔW``) and the new state; nothing is mutated.
+`posttrain.llm.train.muon` wraps them as a ``torch.optim.Optimizer`` for real models.
 
 References:
     K. Jordan et al. 2024, Muon: an optimizer for hidden layers (kellerjordan.github.io/posts/muon);
@@ -52,20 +52,20 @@ NS_COEFFICIENTS: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
 
 
 class MuonScale(str, Enum):
-    """Shape scale :math:`s(m, n)` of the orthogonalised step (torch's ``adjust_lr_fn``)."""
+    """Shape scale $s(m, n)$ of the orthogonalised step (torch's ``adjust_lr_fn``)."""
 
     ORIGINAL = "original"
-    """Fan-in: :math:`\\sqrt{\\max(1, m/n)}`; update RMS :math:`\\eta/\\sqrt{n}` (Jordan; the paper)."""
+    """Fan-in: $\\sqrt{\\max(1, m/n)}$; update RMS $\\eta/\\sqrt{n}$ (Jordan; the paper)."""
     MATCH_RMS_ADAMW = "match_rms_adamw"
-    """Moonlight: :math:`0.2\\sqrt{\\max(m, n)}`; update RMS :math:`0.2\\eta`."""
+    """Moonlight: $0.2\\sqrt{\\max(m, n)}$; update RMS $0.2\\eta$."""
     NONE = "none"
     """No scaling."""
 
 
 def muon_scale(m: int, n: int, mode: MuonScale | str = MuonScale.ORIGINAL) -> float:
-    r"""The shape scale :math:`s(m, n)` for a ``d_out x d_in = m x n`` matrix.
+    r"""The shape scale $s(m, n)$ for a ``d_out x d_in = m x n`` matrix.
 
-    Example:
+    Examples:
         >>> muon_scale(128, 32), muon_scale(32, 128), round(muon_scale(32, 128, "match_rms_adamw"), 4)
         (2.0, 1.0, 2.2627)
     """
@@ -88,12 +88,14 @@ def newton_schulz5(
     eps: float = 1e-7,
     compute_dtype: torch.dtype | None = None,
 ) -> Float[Tensor, "... m n"]:
-    r"""Approximate orthogonalisation :math:`O \approx PQ^\top` of :math:`G = P\Sigma Q^\top` by the quintic Newton-Schulz iteration.
+    r"""Approximate orthogonalisation $O \approx PQ^\top$ of $G = P\Sigma Q^\top$ by the quintic Newton-Schulz iteration.
 
-    .. math:: X_0 = G/(\|G\|_F + \epsilon),\qquad A = XX^\top,\quad X \leftarrow aX + (bA + cA^2)X
+    $$
+    X_0 = G/(\|G\|_F + \epsilon),\qquad A = XX^\top,\quad X \leftarrow aX + (bA + cA^2)X
+    $$
 
     applied ``steps`` times on the wide orientation (transposed when ``m > n``). On singular values
-    this is :math:`\varphi^{\circ k}(\sigma/\|G\|_F)` with :math:`\varphi(x) = ax + bx^3 + cx^5`;
+    this is $\varphi^{\circ k}(\sigma/\|G\|_F)$ with $\varphi(x) = ax + bx^3 + cx^5$;
     with the default coefficients, normalised singular values in ``[3e-3, 1]`` land in about
     ``[0.68, 1.20]`` (not exactly 1, by design). Singular vectors are preserved. ``G = 0`` gives 0.
 
@@ -169,22 +171,25 @@ def muon_update(
 ) -> tuple[tuple[Tensor, ...], MuonState]:
     r"""One Muon step for hidden matrices: EMA momentum, Nesterov, Newton-Schulz, shape scale, decoupled weight decay.
 
-    .. math::
-        B_t = \mu B_{t-1} + (1-\mu) G_t,\quad U_t = (1-\mu)G_t + \mu B_t\ \text{(Nesterov) or } B_t,
+    $$
+    B_t = \mu B_{t-1} + (1-\mu) G_t,\quad U_t = (1-\mu)G_t + \mu B_t\ \text{(Nesterov) or } B_t,
+    $$
 
-        \Delta W_t = -\eta\lambda W_{t-1} - \eta\, s(m, n)\, \mathrm{NS}_5(U_t)
+    $$
+    \Delta W_t = -\eta\lambda W_{t-1} - \eta\, s(m, n)\, \mathrm{NS}_5(U_t)
+    $$
 
-    Weight decay uses the unscaled :math:`\eta`, the shape scale only the orthogonalised step (as
+    Weight decay uses the unscaled $\eta$, the shape scale only the orthogonalised step (as
     torch and Jordan's code). The EMA momentum differs from the SGD form
-    :math:`B = \mu B + G` by a factor the scale-invariant orthogonalisation removes.
+    $B = \mu B + G$ by a factor the scale-invariant orthogonalisation removes.
 
     Args:
         grads, params: matching sequences of ``[..., m, n]`` tensors (leading dims are a batch).
-        state: from :func:`muon_init`.
-        lr: :math:`\eta`, a float or a tensor of the leading batch shape (one rate per member).
-        momentum: :math:`\mu \in [0, 1)`. nesterov: use the Nesterov input.
-        weight_decay: :math:`\lambda \ge 0`. ns_steps, coefficients, eps: of :func:`newton_schulz5`.
-        scale: :class:`MuonScale` (default fan-in ``original``).
+        state: from `muon_init`.
+        lr: $\eta$, a float or a tensor of the leading batch shape (one rate per member).
+        momentum: $\mu \in [0, 1)$. nesterov: use the Nesterov input.
+        weight_decay: $\lambda \ge 0$. ns_steps, coefficients, eps: of `newton_schulz5`.
+        scale: `MuonScale` (default fan-in ``original``).
         compute_dtype: dtype of the Newton-Schulz iteration (bf16 as in the paper; ``None`` = input).
 
     Returns:
@@ -242,9 +247,10 @@ def adamw_update(
 ) -> tuple[tuple[Tensor, ...], AdamWState]:
     r"""One AdamW step (decoupled weight decay, bias-corrected moments), as ``torch.optim.AdamW``.
 
-    .. math::
-        m_t = \beta_1 m + (1-\beta_1) g,\ v_t = \beta_2 v + (1-\beta_2) g^2,\quad
-        \Delta W = -\eta\lambda W - \eta\,\frac{m_t/(1-\beta_1^t)}{\sqrt{v_t/(1-\beta_2^t)} + \epsilon}
+    $$
+    m_t = \beta_1 m + (1-\beta_1) g,\ v_t = \beta_2 v + (1-\beta_2) g^2,\quad
+    \Delta W = -\eta\lambda W - \eta\,\frac{m_t/(1-\beta_1^t)}{\sqrt{v_t/(1-\beta_2^t)} + \epsilon}
+    $$
 
     ``lr`` may be a tensor of the leading batch shape (one rate per batch member).
     """
@@ -276,9 +282,9 @@ OPTIMIZERS.add("adamw", adamw_update, paper="Loshchilov & Hutter 2019, arXiv:171
 
 
 def adamw_steady_state_rms(beta1: float = 0.9) -> float:
-    r"""Steady-state RMS of AdamW's normalised step for i.i.d. zero-mean gradients: :math:`\sqrt{(1-\beta_1)/(1+\beta_1)}`.
+    r"""Steady-state RMS of AdamW's normalised step for i.i.d. zero-mean gradients: $\sqrt{(1-\beta_1)/(1+\beta_1)}$.
 
-    Example:
+    Examples:
         >>> round(adamw_steady_state_rms(0.9), 4)
         0.2294
     """
@@ -287,7 +293,7 @@ def adamw_steady_state_rms(beta1: float = 0.9) -> float:
 
 
 def update_rms(delta: Float[Tensor, "... m n"]) -> Float[Tensor, ...]:
-    r"""Per-matrix update RMS :math:`\|\Delta W\|_F / \sqrt{mn}` over the last two axes."""
+    r"""Per-matrix update RMS $\|\Delta W\|_F / \sqrt{mn}$ over the last two axes."""
     check_float("delta", delta)
     if delta.ndim < 2:
         raise ShapeError(f"delta: expected a matrix [..., m, n], got shape {list(delta.shape)}")
@@ -295,7 +301,7 @@ def update_rms(delta: Float[Tensor, "... m n"]) -> Float[Tensor, ...]:
 
 
 def group_update_rms(deltas: Sequence[Tensor]) -> Tensor:
-    r"""Parameter-count-weighted quadratic mean over matrices: :math:`\sqrt{\sum_\ell \|\Delta W_\ell\|_F^2 / \sum_\ell m_\ell n_\ell}`.
+    r"""Parameter-count-weighted quadratic mean over matrices: $\sqrt{\sum_\ell \|\Delta W_\ell\|_F^2 / \sum_\ell m_\ell n_\ell}$.
 
     Leading batch dimensions (e.g. seeds) are kept.
     """
@@ -316,7 +322,7 @@ def route_muon_parameters(
     include: Sequence[str] = DEFAULT_MUON_INCLUDE,
     exclude: Sequence[str] = DEFAULT_MUON_EXCLUDE,
 ) -> tuple[list[str], list[str]]:
-    """Split trainable parameter names into (Muon, AdamW) groups (spec 12, section 3.1).
+    """Split trainable parameter names into (Muon, AdamW) groups (docs: methods/muon.md).
 
     A parameter goes to Muon only if it is 2-D, matches an ``include`` regex and no ``exclude``
     regex; every other trainable parameter (embeddings, head, norms, biases) goes to AdamW. Every

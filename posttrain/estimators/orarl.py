@@ -2,19 +2,19 @@ r"""OraRL: an annotation as one oracle rollout per GRPO group, without advantage
 
 Per group: ``n`` policy rewards ``rewards [G, n]`` and the oracle's reward ``oracle_reward [G]``
 (the annotation scored by the same reward). Group-level tensors with the oracle use ``[G, n+1]``
-with the oracle in the **last** column. Five stages (spec 07 §3; constants are the released
+with the oracle in the **last** column. Five stages (docs: methods/orarl.md; constants are the released
 code's defaults):
 
-1. oracle-free raw-centred baseline :math:`c_i = r_i - \mu_\pi`;
-2. directional gain :math:`g=\mathrm{clip}((\sigma_{all}/(\sigma_\pi+\epsilon))^\gamma,1,4)` on positive
-   :math:`c_i`, then re-centring (:func:`orarl_policy_advantages`);
-3. detached, capped oracle advantage (:func:`orarl_oracle_advantage`);
-4. sign-balanced selection of K rows: oracle + :math:`q^+` positives + :math:`q^-` negatives
-   (:func:`sign_balanced_selection`);
-5. post-selection centring, oracle sign projection, RMS match (:func:`post_selection_correction`).
+1. oracle-free raw-centred baseline $c_i = r_i - \mu_\pi$;
+2. directional gain $g=\mathrm{clip}((\sigma_{all}/(\sigma_\pi+\epsilon))^\gamma,1,4)$ on positive
+   $c_i$, then re-centring (`orarl_policy_advantages`);
+3. detached, capped oracle advantage (`orarl_oracle_advantage`);
+4. sign-balanced selection of K rows: oracle + $q^+$ positives + $q^-$ negatives
+   (`sign_balanced_selection`);
+5. post-selection centring, oracle sign projection, RMS match (`post_selection_correction`).
 
-:func:`naive_injection_advantages` is the baseline that puts the oracle inside the GRPO
-statistics, and :func:`inversion_rate` measures the inversion it causes.
+`naive_injection_advantages` is the baseline that puts the oracle inside the GRPO
+statistics, and `inversion_rate` measures the inversion it causes.
 
 Reference: Li, Mu, Li, Qian, Zhang, Hou, Cheng 2026, Annotations as Rollouts (arXiv:2608.20492).
 """
@@ -53,13 +53,13 @@ class OracleMode(str, Enum):
     """How the oracle row's advantage is formed."""
 
     DETACHED = "detached"
-    """Stage 3: :math:`\\min(\\kappa w, \\text{cap})` (OraRL)."""
+    """Stage 3: $\\min(\\kappa w, \\text{cap})$ (OraRL)."""
     GAP = "gap"
-    """Ablation "w/o detached oracle": :math:`A^\\star = r^\\star - \\mu_\\pi`, uncapped."""
+    """Ablation "w/o detached oracle": $A^\\star = r^\\star - \\mu_\\pi$, uncapped."""
 
 
 class OraRLAdvantages(NamedTuple):
-    """Output of :func:`orarl_advantages` (no gradient anywhere)."""
+    """Output of `orarl_advantages` (no gradient anywhere)."""
 
     advantages: Tensor
     """``[G, n+1]`` final row advantages; dropped rows are 0; oracle last."""
@@ -68,7 +68,7 @@ class OraRLAdvantages(NamedTuple):
     gain: Tensor
     """``[G]`` directional gain g."""
     flips: Tensor
-    """``[G]`` number of kept policy rows whose final sign differs from :math:`\\operatorname{sign}(c_i)` (c_i != 0)."""
+    """``[G]`` number of kept policy rows whose final sign differs from $\\operatorname{sign}(c_i)$ (c_i != 0)."""
 
 
 def _check_group(rewards: Tensor, oracle_reward: Tensor) -> None:
@@ -100,16 +100,18 @@ def orarl_policy_advantages(
 ) -> tuple[Float[Tensor, "G n"], Float[Tensor, " G"]]:
     r"""Stages 1-2: oracle-free baseline, positive-only directional gain, re-centring.
 
-    .. math:: c_i = r_i - \mu_\pi,\quad g = \mathrm{clip}((\sigma_{all}/(\sigma_\pi+\epsilon))^\gamma, 1, g_{max}),
-              \quad \hat c_i = g c_i\,[c_i>0] + c_i\,[c_i\le0],\quad A_i = \hat c_i - \overline{\hat c}
+    $$
+    c_i = r_i - \mu_\pi,\quad g = \mathrm{clip}((\sigma_{all}/(\sigma_\pi+\epsilon))^\gamma, 1, g_{max}),
+                  \quad \hat c_i = g c_i\,[c_i>0] + c_i\,[c_i\le0],\quad A_i = \hat c_i - \overline{\hat c}
+    $$
 
-    :math:`\sigma_{all}` is the unbiased std of the n policy rewards and :math:`r^\star`;
-    :math:`\sigma_\pi` that of the policy rewards. :math:`r^\star` enters only through g.
+    $\sigma_{all}$ is the unbiased std of the n policy rewards and $r^\star$;
+    $\sigma_\pi$ that of the policy rewards. $r^\star$ enters only through g.
 
     Returns:
         ``(A [G, n], g [G])``, detached.
 
-    Example:
+    Examples:
         >>> a, g = orarl_policy_advantages(torch.tensor([[0.2] * 7 + [0.28]]), torch.tensor([1.0]))
         >>> round(float(g), 3), round(float(a[0, 7]), 4)
         (1.749, 0.1159)
@@ -139,12 +141,14 @@ def orarl_oracle_advantage(
 ) -> Float[Tensor, " G"]:
     r"""Stage 3: the detached, capped oracle advantage.
 
-    .. math:: w = \mathrm{clip}\Big(\frac{r^\star-\mu_\pi}{r^\star+\epsilon}, 0, 1\Big)^\beta,\quad
-              \text{cap} = \begin{cases}\mathrm{clip}(\rho A^+_{max}, m_{lo}, m_{hi}) & \exists A_i>0\\
-              m_{lo} & \text{else}\end{cases},\quad
-              A^\star = \mathrm{sg}[\min(\kappa w, \text{cap})]
+    $$
+    w = \mathrm{clip}\Big(\frac{r^\star-\mu_\pi}{r^\star+\epsilon}, 0, 1\Big)^\beta,\quad
+                  \text{cap} = \begin{cases}\mathrm{clip}(\rho A^+_{max}, m_{lo}, m_{hi}) & \exists A_i>0\\
+                  m_{lo} & \text{else}\end{cases},\quad
+                  A^\star = \mathrm{sg}[\min(\kappa w, \text{cap})]
+    $$
 
-    Example:
+    Examples:
         >>> round(float(orarl_oracle_advantage(torch.zeros(1, 8), torch.ones(1), torch.zeros(1, 8))), 4)
         0.05
     """
@@ -169,14 +173,14 @@ def sign_balanced_selection(
 ) -> Bool[Tensor, "G M"]:
     r"""Stage 4: keep exactly ``keep`` rows per group (vectorised over groups).
 
-    Priority: the oracle; the top-:math:`q^+` positive and top-:math:`q^-` negative policy rows
-    by :math:`|A|`; then the other non-zero rows by :math:`|A|` (cross-sign fill); then zero rows.
+    Priority: the oracle; the top-$q^+$ positive and top-$q^-$ negative policy rows
+    by $|A|$; then the other non-zero rows by $|A|$ (cross-sign fill); then zero rows.
     Ties go to the lower row index.
 
     Raises:
-        DomainError: :math:`q^++q^-+1 \ne K`, fewer than K rows, or not exactly one oracle per group.
+        DomainError: $q^++q^-+1 \ne K$, fewer than K rows, or not exactly one oracle per group.
 
-    Example:
+    Examples:
         >>> a = torch.tensor([[0.3, -0.1, -0.2, 0.5, 0.0, 0.2]])
         >>> orc = torch.tensor([[False] * 5 + [True]])
         >>> sign_balanced_selection(a, orc).int().tolist()
@@ -221,15 +225,17 @@ def post_selection_correction(
     sigma_floor: float = 1e-3,
     eps: float = 1e-6,
 ) -> Float[Tensor, "G K"]:
-    r"""Stage 5: centre the K active rows, project the oracle to :math:`\ge 0`, shrink to the reference RMS.
+    r"""Stage 5: centre the K active rows, project the oracle to $\ge 0$, shrink to the reference RMS.
 
-    .. math:: a \leftarrow a - \bar a;\quad a^\star<0 \Rightarrow a_i \leftarrow a_i + \tfrac{a^\star}{K-1},\
-              a^\star\leftarrow 0;\quad
-              a \leftarrow \mathrm{clip}\Big(\tfrac{\mathrm{RMS}_{ref}}{\mathrm{RMS}_{act}+\epsilon}, s_{min}, 1\Big)a
+    $$
+    a \leftarrow a - \bar a;\quad a^\star<0 \Rightarrow a_i \leftarrow a_i + \tfrac{a^\star}{K-1},\
+                  a^\star\leftarrow 0;\quad
+                  a \leftarrow \mathrm{clip}\Big(\tfrac{\mathrm{RMS}_{ref}}{\mathrm{RMS}_{act}+\epsilon}, s_{min}, 1\Big)a
+    $$
 
-    The RMS step is skipped when :math:`\sigma_\pi <` ``sigma_floor`` or :math:`\mathrm{RMS}_{act}\le\epsilon`.
+    The RMS step is skipped when $\sigma_\pi <$ ``sigma_floor`` or $\mathrm{RMS}_{act}\le\epsilon$.
 
-    Example:
+    Examples:
         >>> a = torch.tensor([[0.0, 0.0, 0.0, 0.05]])
         >>> orc = torch.tensor([[False, False, False, True]])
         >>> [round(x, 4) for x in post_selection_correction(a, orc, torch.zeros(1), torch.zeros(1))[0].tolist()]
@@ -271,15 +277,15 @@ def orarl_advantages(
     With ``prune=False`` every row is kept and stages 4-5 are skipped (the "no pruning" ablation).
 
     Args:
-        rewards: ``[G, n]`` policy rewards. oracle_reward: ``[G]`` the oracle's reward :math:`r^\star`.
+        rewards: ``[G, n]`` policy rewards. oracle_reward: ``[G]`` the oracle's reward $r^\star$.
         gamma: gain exponent (0 disables the directional gain).
-        oracle_mode: :class:`OracleMode` (``"gap"`` is the "w/o detached oracle" ablation).
+        oracle_mode: `OracleMode` (``"gap"`` is the "w/o detached oracle" ablation).
         prune, keep, q_pos, q_neg: the sign-balanced selection. rms_match: stage 5's RMS step.
 
     Returns:
-        :class:`OraRLAdvantages` with ``[G, n+1]`` advantages (oracle last) and keep mask.
+        `OraRLAdvantages` with ``[G, n+1]`` advantages (oracle last) and keep mask.
 
-    Example:
+    Examples:
         >>> out = orarl_advantages(torch.tensor([[0.2] * 7 + [0.28]]), torch.tensor([1.0]))
         >>> [round(x, 4) for x in out.advantages[0][out.keep[0]].tolist()]
         [-0.0435, -0.0435, 0.0365, 0.0505]
@@ -317,11 +323,13 @@ def naive_injection_advantages(
 ) -> Float[Tensor, "G n+1"]:
     r"""Naive GT injection: GRPO over the n+1 rows (oracle last), so the oracle shifts the baseline.
 
-    .. math:: A_i = \frac{r_i - \mu_{all}}{\sigma_{all}+\epsilon},\quad \mu_{all} = \frac{n\mu_\pi + r^\star}{n+1}
+    $$
+    A_i = \frac{r_i - \mu_{all}}{\sigma_{all}+\epsilon},\quad \mu_{all} = \frac{n\mu_\pi + r^\star}{n+1}
+    $$
 
-    A policy row is inverted iff :math:`0 < r_i-\mu_\pi \le (r^\star-\mu_\pi)/(n+1)`.
+    A policy row is inverted iff $0 < r_i-\mu_\pi \le (r^\star-\mu_\pi)/(n+1)$.
 
-    Example:
+    Examples:
         >>> a = naive_injection_advantages(torch.tensor([[0.2] * 7 + [0.28]]), torch.tensor([1.0]))
         >>> round(float(a[0, 7]), 3)
         -0.067
@@ -335,12 +343,12 @@ def inversion_rate(
     policy_advantages: Float[Tensor, "*S G n"],
     keep: Bool[Tensor, "*S G n"] | None = None,
 ) -> Float[Tensor, "*S"]:
-    r"""Fraction of (kept) policy rows with :math:`c_i = r_i - \mu_\pi > 0` whose advantage is :math:`\le 0`.
+    r"""Fraction of (kept) policy rows with $c_i = r_i - \mu_\pi > 0$ whose advantage is $\le 0$.
 
     Reduces over the last two axes (groups and rows), so leading (method, seed) axes give one
-    rate each. Returns 0 where no row has :math:`c_i > 0`.
+    rate each. Returns 0 where no row has $c_i > 0$.
 
-    Example:
+    Examples:
         >>> r = torch.tensor([[0.2] * 7 + [0.28]])
         >>> float(inversion_rate(r, naive_injection_advantages(r, torch.ones(1))[:, :-1]))
         1.0

@@ -49,12 +49,14 @@ def _check_counts(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> tuple[np.ndarray,
 def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
     r"""Unbiased pass@k, vectorised over broadcastable arrays of n, c, k.
 
-    .. math:: \mathrm{pass@}k = 1 - \binom{n-c}{k}\Big/\binom{n}{k}
-              = 1 - \prod_{i=n-c+1}^{n}\Big(1 - \frac{k}{i}\Big)
+    $$
+    \mathrm{pass@}k = 1 - \binom{n-c}{k}\Big/\binom{n}{k}
+                  = 1 - \prod_{i=n-c+1}^{n}\Big(1 - \frac{k}{i}\Big)
+    $$
 
-    evaluated in log space, :math:`-\mathrm{expm1}(\sum \log1p(-k/i))`, as a sum over
-    :math:`i \in (n-c, n]` (masked cumulative sums, no Python loop). It is 1 exactly when
-    :math:`n - c < k` and 0 exactly when :math:`c = 0`.
+    evaluated in log space, $-\mathrm{expm1}(\sum \log1p(-k/i))$, as a sum over
+    $i \in (n-c, n]$ (masked cumulative sums, no Python loop). It is 1 exactly when
+    $n - c < k$ and 0 exactly when $c = 0$.
 
     Args:
         n: samples per problem (>= 1). c: correct samples (0 <= c <= n). k: 1 <= k <= n.
@@ -64,12 +66,13 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
         device) when any input is a tensor.
 
     Raises:
-        ShapeError: non-integer or non-broadcastable input. DomainError: counts out of range.
+        ShapeError: non-integer or non-broadcastable input.
+        DomainError: counts out of range.
 
     References:
         Chen et al. 2021, Evaluating LLMs trained on code (arXiv:2107.03374).
 
-    Example:
+    Examples:
         >>> float(pass_at_k(4, 1, 2)), round(float(pass_at_k(16, 3, 8)), 6), round(float(pass_at_k(200, 10, 100)), 8)
         (0.5, 0.9, 0.99922897)
     """
@@ -94,7 +97,9 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
 def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
     r"""Unbiased mean@k: the expected fraction correct among k of the n samples drawn without replacement.
 
-    .. math:: \mathrm{mean@}k = c / n
+    $$
+    \mathrm{mean@}k = c / n
+    $$
 
     It does not depend on k (linearity of expectation: each of the k drawn samples is correct with
     probability c/n) but k is validated (``1 <= k <= n``) so that a table of pass@k and mean@k is
@@ -108,9 +113,10 @@ def mean_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray | Tensor:
         float64 array of the broadcast shape; a float64 tensor when any input is a tensor.
 
     Raises:
-        ShapeError: non-integer or non-broadcastable input. DomainError: counts out of range.
+        ShapeError: non-integer or non-broadcastable input.
+        DomainError: counts out of range.
 
-    Example:
+    Examples:
         >>> float(mean_at_k(4, 1, 2)), mean_at_k([8, 8], [0, 6], 4).tolist()
         (0.25, [0.0, 0.75])
     """

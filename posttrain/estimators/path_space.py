@@ -1,14 +1,14 @@
 r"""Path-space policy-gradient estimators for diffusion / flow models (paper 09).
 
-Sampling SDE in ``r = 1 - t`` with drift :math:`\mu_\theta` and noise scale :math:`g` (see
-:mod:`posttrain.simulators.sde`). Paths carry the standard-normal noise :math:`\epsilon_{n,k}` of each
+Sampling SDE in ``r = 1 - t`` with drift $\mu_\theta$ and noise scale $g$ (see
+`posttrain.simulators.sde`). Paths carry the standard-normal noise $\epsilon_{n,k}$ of each
 Euler step, so every estimator here is a batched function of ``[N, S, D]`` tensors (N paths, S
 steps, D state dimension) with no loop over paths or steps.
 
-Two families of the same gradient :math:`\nabla_\theta E_{P_\theta}[A(x_0)]`:
+Two families of the same gradient $\nabla_\theta E_{P_\theta}[A(x_0)]$:
 
 - reverse-trajectory (Flow-GRPO): the Girsanov / Itô-integral score of the path;
-- forward-matching (AWM, DiffusionNFT): the value-gradient form with :math:`\nabla V` estimated from
+- forward-matching (AWM, DiffusionNFT): the value-gradient form with $\nabla V$ estimated from
   the forward-noising posterior (one sample, or a kernel estimate over the rollout group).
 
 References:
@@ -102,19 +102,21 @@ def girsanov_log_weights(
     noise: Float[Tensor, "N S D"],
     dr: Float[Tensor, " S"],
 ) -> Float[Tensor, "N S"]:
-    r"""Per-step Girsanov log-weights :math:`\log dP_\theta/dQ` of Euler-Maruyama paths drawn under Q.
+    r"""Per-step Girsanov log-weights $\log dP_\theta/dQ$ of Euler-Maruyama paths drawn under Q.
 
-    .. math:: \ell_{n,k} = \Big(\frac{\Delta\mu_{n,k}}{g_k}\Big)^{\!\top}\sqrt{\Delta r_k}\,\epsilon_{n,k}
-              - \frac12\Big\|\frac{\Delta\mu_{n,k}}{g_k}\Big\|^2\Delta r_k,
+    $$
+    \ell_{n,k} = \Big(\frac{\Delta\mu_{n,k}}{g_k}\Big)^{\!\top}\sqrt{\Delta r_k}\,\epsilon_{n,k}
+                  - \frac12\Big\|\frac{\Delta\mu_{n,k}}{g_k}\Big\|^2\Delta r_k,
+    $$
 
-    with :math:`\Delta\mu = \mu_\theta - \mu_q` at the step's left end and :math:`\epsilon` the noise the
+    with $\Delta\mu = \mu_\theta - \mu_q$ at the step's left end and $\epsilon$ the noise the
     proposal Q used. This is exactly the log ratio of the two Gaussian Euler transitions (a
-    discretisation of :math:`\int(\Delta\mu/g)^\top dW - \frac12\int\|\Delta\mu/g\|^2dr`); sum over
+    discretisation of $\int(\Delta\mu/g)^\top dW - \frac12\int\|\Delta\mu/g\|^2dr$); sum over
     ``S`` for the path weight, whose Q-expectation after ``exp`` is 1.
 
     Args:
-        delta_drift: ``[N, S, D]`` drift difference :math:`\mu_\theta - \mu_q`.
-        diffusion: ``[S]`` noise scales :math:`g_k > 0` (shared by both SDEs).
+        delta_drift: ``[N, S, D]`` drift difference $\mu_\theta - \mu_q$.
+        diffusion: ``[S]`` noise scales $g_k > 0$ (shared by both SDEs).
         noise: ``[N, S, D]`` standard normals drawn by Q.
         dr: ``[S]`` positive step sizes.
 
@@ -122,12 +124,13 @@ def girsanov_log_weights(
         ``[N, S]`` per-step log-weights.
 
     Raises:
-        ShapeError: shapes disagree. DomainError: ``g <= 0`` or ``dr <= 0``.
+        ShapeError: shapes disagree.
+        DomainError: ``g <= 0`` or ``dr <= 0``.
 
     References:
         Xu et al. 2026, arXiv:2608.14430, Sec. 3 (Girsanov between sampling SDEs).
 
-    Example:
+    Examples:
         >>> girsanov_log_weights(torch.ones(1, 1, 1), torch.ones(1), torch.zeros(1, 1, 1), torch.ones(1)).tolist()
         [[-0.5]]
     """
@@ -145,19 +148,19 @@ def path_score(
     noise: Float[Tensor, "N S D"],
     dr: Float[Tensor, " S"],
 ) -> Float[Tensor, "N S"]:
-    r"""Per-step path score :math:`(\partial_\theta\mu)^\top\sqrt{\Delta r}\,\epsilon/g` at :math:`\theta=\theta_q`.
+    r"""Per-step path score $(\partial_\theta\mu)^\top\sqrt{\Delta r}\,\epsilon/g$ at $\theta=\theta_q$.
 
-    The :math:`\theta`-derivative of :func:`girsanov_log_weights` at :math:`\Delta\mu = 0`, i.e.
-    :math:`\partial_\theta\log p_\theta(y_{k+1}\mid y_k)` of the Euler transition (zero mean under Q).
+    The $\theta$-derivative of `girsanov_log_weights` at $\Delta\mu = 0$, i.e.
+    $\partial_\theta\log p_\theta(y_{k+1}\mid y_k)$ of the Euler transition (zero mean under Q).
 
     Args:
-        drift_grad: ``[N, S, D]`` :math:`\partial\mu_\theta/\partial\theta` along one parameter direction.
-        diffusion: ``[S]``; noise: ``[N, S, D]``; dr: ``[S]`` as in :func:`girsanov_log_weights`.
+        drift_grad: ``[N, S, D]`` $\partial\mu_\theta/\partial\theta$ along one parameter direction.
+        diffusion: ``[S]``; noise: ``[N, S, D]``; dr: ``[S]`` as in `girsanov_log_weights`.
 
     Returns:
         ``[N, S]``.
 
-    Example:
+    Examples:
         >>> path_score(torch.ones(1, 1, 1), torch.tensor([2.0]), torch.ones(1, 1, 1), torch.tensor([4.0])).tolist()
         [[1.0]]
     """
@@ -178,16 +181,17 @@ def ito_policy_gradient(
 ) -> Float[Tensor, " N"]:
     r"""Itô-integral (REINFORCE / Flow-GRPO) policy gradient of each path.
 
-    .. math::
-        \hat g_n = A_n\sum_k w_{n,k}\,(\partial_\theta\mu_{n,k})^{\!\top}\frac{\sqrt{\Delta r_k}\,\epsilon_{n,k}}{g_k}
+    $$
+    \hat g_n = A_n\sum_k w_{n,k}\,(\partial_\theta\mu_{n,k})^{\!\top}\frac{\sqrt{\Delta r_k}\,\epsilon_{n,k}}{g_k}
+    $$
 
-    Unbiased for :math:`\partial_\theta E[A]` of the discretised chain when :math:`w \equiv 1`;
+    Unbiased for $\partial_\theta E[A]$ of the discretised chain when $w \equiv 1$;
     ``step_weights`` selects a subset of steps (e.g. ``N_window / K_t`` on ``K_t`` sampled steps, 0
     elsewhere, which stays unbiased when steps are drawn uniformly).
 
     Args:
         advantages: ``[N]`` terminal advantages (a constant baseline keeps it unbiased).
-        drift_grad, diffusion, noise, dr: as in :func:`path_score`.
+        drift_grad, diffusion, noise, dr: as in `path_score`.
         step_weights: optional ``[S]`` or ``[N, S]`` per-step weights.
 
     Returns:
@@ -196,7 +200,7 @@ def ito_policy_gradient(
     References:
         Xu et al. 2026, arXiv:2608.14430, Sec. 3.4; Flow-GRPO, arXiv:2505.05470.
 
-    Example:
+    Examples:
         >>> ito_policy_gradient(torch.tensor([2.0]), torch.ones(1, 2, 1), torch.ones(2), torch.ones(1, 2, 1),
         ...                     torch.ones(2)).tolist()
         [4.0]
@@ -217,12 +221,12 @@ def stochastic_value_gradient(
     noise: Float[Tensor, "N S D"],
     dr: Float[Tensor, " S"],
 ) -> Float[Tensor, "N S D"]:
-    r"""Single-path stochastic value gradient :math:`\widehat{\nabla V}_k = A\epsilon_k/(g_k\sqrt{\Delta r_k})`.
+    r"""Single-path stochastic value gradient $\widehat{\nabla V}_k = A\epsilon_k/(g_k\sqrt{\Delta r_k})$.
 
-    Variance :math:`O(1/\Delta r)` per step; plugged into :func:`value_gradient_policy_gradient` it
-    reproduces :func:`ito_policy_gradient` exactly.
+    Variance $O(1/\Delta r)$ per step; plugged into `value_gradient_policy_gradient` it
+    reproduces `ito_policy_gradient` exactly.
 
-    Example:
+    Examples:
         >>> stochastic_value_gradient(torch.tensor([1.0]), torch.tensor([2.0]), torch.ones(1, 1, 1),
         ...                           torch.tensor([0.25])).tolist()
         [[[1.0]]]
@@ -245,13 +249,15 @@ def value_gradient_policy_gradient(
 ) -> Float[Tensor, " N"]:
     r"""Value-gradient form of the policy gradient of each path.
 
-    .. math:: \hat g_n = \sum_k w_{n,k}(\partial_\theta\mu_{n,k})^{\!\top}\widehat{\nabla V}_{n,k}\Delta r_k
+    $$
+    \hat g_n = \sum_k w_{n,k}(\partial_\theta\mu_{n,k})^{\!\top}\widehat{\nabla V}_{n,k}\Delta r_k
+    $$
 
-    Discretises :math:`E_Q\int(\nabla_\theta\mu)^\top\nabla_y V_r\,dr`, which follows from the
-    martingale representation :math:`A = V_0 + \int g\nabla V^\top dW` and Itô's isometry.
+    Discretises $E_Q\int(\nabla_\theta\mu)^\top\nabla_y V_r\,dr$, which follows from the
+    martingale representation $A = V_0 + \int g\nabla V^\top dW$ and Itô's isometry.
 
     Args:
-        drift_grad: ``[N, S, D]`` :math:`\partial\mu/\partial\theta`.
+        drift_grad: ``[N, S, D]`` $\partial\mu/\partial\theta$.
         value_grad: ``[N, S, D]`` value-gradient estimates at the same points.
         dr: ``[S]`` step sizes (time-integration weights).
         step_weights: optional ``[S]`` or ``[N, S]``.
@@ -259,7 +265,7 @@ def value_gradient_policy_gradient(
     Returns:
         ``[N]``.
 
-    Example:
+    Examples:
         >>> value_gradient_policy_gradient(torch.ones(1, 2, 1), torch.ones(1, 2, 1), torch.tensor([0.5, 0.5])).tolist()
         [1.0]
     """
@@ -285,17 +291,17 @@ def deterministic_value_gradient(
     v_old: Float[Tensor, "N M D"],
     t: Float[Tensor, "N M"],
 ) -> Float[Tensor, "N M D"]:
-    r"""One-sample forward-posterior value gradient :math:`\widehat{\nabla V} = -\frac{1-t}{t}A\,(v - v_{old}(x_t, t))`.
+    r"""One-sample forward-posterior value gradient $\widehat{\nabla V} = -\frac{1-t}{t}A\,(v - v_{old}(x_t, t))$.
 
-    With :math:`x_t = (1-t)x_0 + t\epsilon` built from a rollout's :math:`x_0` and fresh noise,
-    :math:`v = \epsilon - x_0`. Its conditional mean is :math:`\nabla_x V_t` of the forward posterior,
-    which is the sampler's value gradient only for the :math:`\eta \equiv 1` sampler with an exact
-    :math:`v_{old}` (a different quantity otherwise).
+    With $x_t = (1-t)x_0 + t\epsilon$ built from a rollout's $x_0$ and fresh noise,
+    $v = \epsilon - x_0$. Its conditional mean is $\nabla_x V_t$ of the forward posterior,
+    which is the sampler's value gradient only for the $\eta \equiv 1$ sampler with an exact
+    $v_{old}$ (a different quantity otherwise).
 
     Args:
         advantages: ``[N]`` rollout advantages.
-        v_target: ``[N, M, D]`` regression targets :math:`v = \epsilon - x_0` at M times per rollout.
-        v_old: ``[N, M, D]`` proposal velocity :math:`v_{old}(x_t, t)` (no gradient).
+        v_target: ``[N, M, D]`` regression targets $v = \epsilon - x_0$ at M times per rollout.
+        v_old: ``[N, M, D]`` proposal velocity $v_{old}(x_t, t)$ (no gradient).
         t: ``[N, M]`` times in (0, 1).
 
     Returns:
@@ -304,7 +310,7 @@ def deterministic_value_gradient(
     References:
         Xu et al. 2026, arXiv:2608.14430, Sec. 3.5 (recovers AWM / DiffusionNFT at first order).
 
-    Example:
+    Examples:
         >>> deterministic_value_gradient(torch.tensor([1.0]), torch.ones(1, 1, 1), torch.zeros(1, 1, 1),
         ...                              torch.tensor([[0.5]])).tolist()
         [[[-1.0]]]
@@ -324,7 +330,7 @@ def deterministic_value_gradient(
 
 
 class KDEValueGradient(NamedTuple):
-    """Output of :func:`kde_value_gradient`: ``grad [G, N, D]``, the kernel value estimate
+    """Output of `kde_value_gradient`: ``grad [G, N, D]``, the kernel value estimate
     ``value [G, N]`` and the effective group size ``1 / sum_j w_j^2`` ``[G, N]``."""
 
     grad: Tensor
@@ -342,13 +348,15 @@ def kde_value_gradient(
     r"""Multi-sample kernel value gradient over the rollout group (*reconstructed*).
 
     The group's K endpoints define the Gaussian-KDE marginal
-    :math:`\hat q_t = \frac1K\sum_j\mathcal N((1-t)x_0^{(j)}, t^2I)`; for each query :math:`(x_t, t)`
+    $\hat q_t = \frac1K\sum_j\mathcal N((1-t)x_0^{(j)}, t^2I)$; for each query $(x_t, t)$
 
-    .. math:: w_j \propto \exp\Big(-\frac{\|x_t-(1-t)x_0^{(j)}\|^2}{2t^2}\Big),\quad \hat V = \sum_j w_jA_j,\quad
-              \widehat{\nabla V} = \sum_j w_j(A_j - \hat V)\Big(-\frac{x_t-(1-t)x_0^{(j)}}{t^2}\Big).
+    $$
+    w_j \propto \exp\Big(-\frac{\|x_t-(1-t)x_0^{(j)}\|^2}{2t^2}\Big),\quad \hat V = \sum_j w_jA_j,\quad
+                  \widehat{\nabla V} = \sum_j w_j(A_j - \hat V)\Big(-\frac{x_t-(1-t)x_0^{(j)}}{t^2}\Big).
+    $$
 
     Weights are computed with a log-softmax (stable for any D). The own sample is included and the
-    bandwidth is the exact forward kernel's ``t`` (the spec's recommendation: the paper only names
+    bandwidth is the exact forward kernel's ``t`` (our recommendation: the paper only names
     this estimator, so the exact form is reconstructed). A constant shift of the advantages
     cancels; ``K = 1`` or a constant-reward group gives 0.
 
@@ -359,15 +367,16 @@ def kde_value_gradient(
         advantages: ``[G, K]`` their advantages.
 
     Returns:
-        :class:`KDEValueGradient`.
+        `KDEValueGradient`.
 
     Raises:
-        ShapeError: shapes disagree. DomainError: a time outside (0, 1).
+        ShapeError: shapes disagree.
+        DomainError: a time outside (0, 1).
 
     References:
         Xu et al. 2026, arXiv:2608.14430 (multi-sample KDE estimator; named in the abstract).
 
-    Example:
+    Examples:
         >>> out = kde_value_gradient(torch.zeros(1, 1, 1), torch.tensor([[0.5]]),
         ...                          torch.tensor([[[1.0], [-1.0]]]), torch.tensor([[1.0, 0.0]]))
         >>> out.grad.tolist(), out.value.tolist(), out.effective_size.tolist()  # symmetric: w = (1/2, 1/2)
@@ -428,11 +437,13 @@ def template_loss(
 ) -> Float[Tensor, ...]:
     r"""Unified forward-matching loss per sample (the paper's template).
 
-    .. math:: \ell = \hat w_2\,\widehat{\nabla V}^{\!\top}\Delta v + \hat w_1\|\Delta v\|^2
+    $$
+    \ell = \hat w_2\,\widehat{\nabla V}^{\!\top}\Delta v + \hat w_1\|\Delta v\|^2
+    $$
 
-    :math:`\Delta v = v_\theta - v_{old}`; the linear term is the first-order (on-policy) content of
+    $\Delta v = v_\theta - v_{old}$; the linear term is the first-order (on-policy) content of
     the Girsanov ratio, the quadratic one its off-policy cost (local approximation
-    :math:`e^{M_1}\approx 1 + M_1`, the paper's Proposition 1). To be minimised.
+    $e^{M_1}\approx 1 + M_1$, the paper's Proposition 1). To be minimised.
 
     Args:
         delta_v: ``[..., D]``; value_grad: ``[..., D]``; w1, w2: ``[...]`` (broadcastable) weights.
@@ -440,7 +451,7 @@ def template_loss(
     Returns:
         ``[...]`` per-sample losses.
 
-    Example:
+    Examples:
         >>> template_loss(torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.tensor([3.0]),
         ...               torch.tensor([0.5])).tolist()
         [4.0]
@@ -456,13 +467,15 @@ def template_loss(
 def girsanov_template_weights(
     advantages: Float[Tensor, ...], t: Float[Tensor, ...], eta: Float[Tensor, ...]
 ) -> tuple[Tensor, Tensor]:
-    r"""Weights of the Girsanov instance of :func:`template_loss`.
+    r"""Weights of the Girsanov instance of `template_loss`.
 
-    .. math:: \hat w_2 = 1 + \eta_t,\qquad \hat w_1 = A\,\tilde w_t = A\,\frac{(1+\eta_t)^2(1-t)}{4t\eta_t}.
+    $$
+    \hat w_2 = 1 + \eta_t,\qquad \hat w_1 = A\,\tilde w_t = A\,\frac{(1+\eta_t)^2(1-t)}{4t\eta_t}.
+    $$
 
-    Returns ``(w1, w2)``; needs :math:`\eta_t > 0` and ``t`` in (0, 1).
+    Returns ``(w1, w2)``; needs $\eta_t > 0$ and ``t`` in (0, 1).
 
-    Example:
+    Examples:
         >>> [x.tolist() for x in girsanov_template_weights(torch.tensor(1.0), torch.tensor(0.5), torch.tensor(1.0))]
         [1.0, 2.0]
     """
@@ -474,16 +487,16 @@ def girsanov_template_weights(
 
 
 def elbo_weight(t: Tensor) -> Tensor:
-    r"""The ELBO weight :math:`s(t) = (1-t)/t` (unbounded as :math:`t\to0`)."""
+    r"""The ELBO weight $s(t) = (1-t)/t$ (unbounded as $t\to0$)."""
     return (1.0 - t) / t
 
 
 def bounded_weight(t: Tensor, *, kappa: float = 0.5, gamma: float = 5.0) -> Tensor:
-    r"""Scale-bounded weight :math:`w_{\kappa,\gamma}(t) = \mathrm{clip}(s(t)^\kappa, 1/\gamma, \gamma)`, reconstructed.
+    r"""Scale-bounded weight $w_{\kappa,\gamma}(t) = \mathrm{clip}(s(t)^\kappa, 1/\gamma, \gamma)$, reconstructed.
 
     ``kappa = 0`` is AWM's ``w = 1``; ``kappa = 1, gamma = inf`` the excluded ELBO weight.
 
-    Example:
+    Examples:
         >>> bounded_weight(torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)).tolist()
         [5.0, 1.0, 0.2]
     """
@@ -495,7 +508,7 @@ def bounded_weight(t: Tensor, *, kappa: float = 0.5, gamma: float = 5.0) -> Tens
 
 
 class Curvature(str, Enum):
-    """Curvature mode :math:`a_q(A)` of :func:`scale_bounded_loss`: ``A`` (AWM-like), ``|A|``, or 1 (NFT-like)."""
+    """Curvature mode $a_q(A)$ of `scale_bounded_loss`: ``A`` (AWM-like), ``|A|``, or 1 (NFT-like)."""
 
     SIGNED = "signed"
     ABS = "abs"
@@ -515,23 +528,25 @@ def scale_bounded_loss(
 ) -> Float[Tensor, ...]:
     r"""Forward-matching loss with a scale-bounded weight family (*reconstructed*).
 
-    .. math:: \mathcal L = w_{\kappa,\gamma}(t)\big(a_q(A)\|\Delta v\|^2 - 2A\,d^\top\Delta v\big),\qquad
-              \Delta v = v_\theta - v_{old},\ d = v - v_{old}.
+    $$
+    \mathcal L = w_{\kappa,\gamma}(t)\big(a_q(A)\|\Delta v\|^2 - 2A\,d^\top\Delta v\big),\qquad
+                  \Delta v = v_\theta - v_{old},\ d = v - v_{old}.
+    $$
 
-    Its gradient in :math:`\Delta v` at :math:`\Delta v = 0` is :math:`-2wA\,d`, the deterministic
-    value-gradient direction with linear scale :math:`\lambda_{lin} = 2w` bounded on any window.
-    ``kappa = 0, curvature = SIGNED`` reproduces AWM with ``w = 1`` (up to a :math:`\Delta v`-free term).
+    Its gradient in $\Delta v$ at $\Delta v = 0$ is $-2wA\,d$, the deterministic
+    value-gradient direction with linear scale $\lambda_{lin} = 2w$ bounded on any window.
+    ``kappa = 0, curvature = SIGNED`` reproduces AWM with ``w = 1`` (up to a $\Delta v$-free term).
 
     Args:
         v_theta: ``[..., D]`` current velocity; v_old: ``[..., D]`` proposal velocity (no gradient);
-        v_target: ``[..., D]`` target :math:`v = \epsilon - x_0`; advantages, t: ``[...]``.
-        kappa, gamma: the weight family (defaults 0.5 and 5, the spec's choice).
-        curvature: :class:`Curvature` mode.
+        v_target: ``[..., D]`` target $v = \epsilon - x_0$; advantages, t: ``[...]``.
+        kappa, gamma: the weight family (defaults 0.5 and 5, our choice).
+        curvature: `Curvature` mode.
 
     Returns:
         ``[...]`` per-sample losses.
 
-    Example:
+    Examples:
         >>> scale_bounded_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]),
         ...                    torch.tensor([1.0]), torch.tensor([0.5])).tolist()
         [-1.0]
@@ -552,9 +567,9 @@ def awm_loss(
     advantages: Float[Tensor, ...],
     weight: Float[Tensor, ...],
 ) -> Float[Tensor, ...]:
-    r"""Advantage Weighted Matching: :math:`A\,w(t)\|v_\theta - v\|^2` per sample (Xue et al. 2025, arXiv:2509.25050).
+    r"""Advantage Weighted Matching: $A\,w(t)\|v_\theta - v\|^2$ per sample (Xue et al. 2025, arXiv:2509.25050).
 
-    Example:
+    Examples:
         >>> awm_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([2.0]), torch.tensor([1.0])).tolist()
         [2.0]
     """
@@ -571,13 +586,13 @@ def nft_loss(
     *,
     beta: float = 1.0,
 ) -> Float[Tensor, ...]:
-    r"""DiffusionNFT loss :math:`\rho\|v^+ - v\|^2 + (1-\rho)\|v^- - v\|^2` per sample.
+    r"""DiffusionNFT loss $\rho\|v^+ - v\|^2 + (1-\rho)\|v^- - v\|^2$ per sample.
 
-    :math:`v^\pm = v_{old} \pm \beta(v_\theta - v_{old})`.
+    $v^\pm = v_{old} \pm \beta(v_\theta - v_{old})$.
 
     ``rho`` in [0, 1] is the normalised reward (Zheng et al. 2025, arXiv:2509.16117).
 
-    Example:
+    Examples:
         >>> nft_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.tensor([1.0])).tolist()
         [0.0]
     """
@@ -594,14 +609,14 @@ def nft_loss(
 def is_scale_bounded(weight: Callable[[Tensor], Tensor], t_min: float, t_max: float, *, max_ratio: float = 1e4) -> bool:
     r"""Whether a time weight is scale-bounded on the window ``(t_min, t_max]`` (*reconstructed* definition).
 
-    Scale-bounded means :math:`0 < c \le w(t) \le C < \infty` on the window (then
-    :math:`\lambda_{lin} = 2w` and the curvature :math:`w\,a_q(A)` are bounded as the spec requires).
+    Scale-bounded means $0 < c \le w(t) \le C < \infty$ on the window (then
+    $\lambda_{lin} = 2w$ and the curvature $w\,a_q(A)$ are bounded as the paper requires).
     Checked numerically: ``w`` is evaluated (float64) on a grid that approaches both ends to within
-    :math:`10^{-12}` of the window width; bounded iff every value is finite and positive and
-    :math:`\max w/\min w \le` ``max_ratio``. A weight whose range is wider than ``max_ratio`` inside the
+    $10^{-12}$ of the window width; bounded iff every value is finite and positive and
+    $\max w/\min w \le$ ``max_ratio``. A weight whose range is wider than ``max_ratio`` inside the
     window is reported unbounded.
 
-    Example:
+    Examples:
         >>> is_scale_bounded(elbo_weight, 0.0, 0.5), is_scale_bounded(lambda t: torch.ones_like(t), 0.0, 0.5)
         (False, True)
     """

@@ -1,12 +1,14 @@
 r"""Spectral projections of weight updates: SAR (Subspace-Aligned Rewiring) and merging baselines.
 
-For a base weight :math:`W_0 = U\Sigma V^\top` (``[m, n]`` = ``d_out x d_in``) and an RL update
-:math:`\Delta = W_{RL} - W_0`, SAR keeps the rank-k truncation of :math:`\Delta` projected on the
+For a base weight $W_0 = U\Sigma V^\top$ (``[m, n]`` = ``d_out x d_in``) and an RL update
+$\Delta = W_{RL} - W_0$, SAR keeps the rank-k truncation of $\Delta$ projected on the
 base's leading r singular subspaces:
 
-.. math:: \Delta^\star = P_L\,\Delta_k\,P_R = U_r M V_r^\top,\qquad M = U_r^\top \Delta_k V_r,
+$$
+\Delta^\star = P_L\,\Delta_k\,P_R = U_r M V_r^\top,\qquad M = U_r^\top \Delta_k V_r,
+$$
 
-with :math:`P_L = U_rU_r^\top`, :math:`P_R = V_rV_r^\top`. The diagonal of :math:`M` rescales base
+with $P_L = U_rU_r^\top$, $P_R = V_rV_r^\top$. The diagonal of $M$ rescales base
 directions, its off-diagonal part rewires them. All functions accept leading batch dimensions.
 
 Reference: Zhang et al. 2026, Spectral rewiring for exploration, purification and model merging
@@ -43,7 +45,7 @@ PROJECTIONS = registry("projection")
 
 
 class SARMask(str, Enum):
-    """Which part of the rewiring matrix :math:`M` to keep."""
+    """Which part of the rewiring matrix $M$ to keep."""
 
     FULL = "full"
     DIAGONAL = "diagonal"
@@ -51,9 +53,9 @@ class SARMask(str, Enum):
 
 
 def sar_rank(delta_fraction: float, m: int, n: int) -> int:
-    r""":math:`k = \max(1, \lfloor \rho_\Delta \min(m, n) \rfloor)` for :math:`\rho_\Delta \in (0, 1]`.
+    r"""$k = \max(1, \lfloor \rho_\Delta \min(m, n) \rfloor)$ for $\rho_\Delta \in (0, 1]$.
 
-    Example:
+    Examples:
         >>> sar_rank(0.01, 896, 4864), sar_rank(1.0, 32, 64)
         (8, 32)
     """
@@ -74,7 +76,7 @@ def _check_pair(w0: Tensor, delta: Tensor) -> None:
 def low_rank_truncation(
     delta: Float[Tensor, "... m n"], k: int, *, randomized: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Factors of the best rank-k approximation :math:`\Delta_k = U_k\,\mathrm{diag}(s_k)\,V_k^\top` (Eckart-Young).
+    r"""Factors of the best rank-k approximation $\Delta_k = U_k\,\mathrm{diag}(s_k)\,V_k^\top$ (Eckart-Young).
 
     ``randomized=True`` uses ``torch.svd_lowrank`` (Halko et al. 2011) with oversampling 10 and 4
     power iterations: approximate, much faster when k is small. Returns
@@ -98,7 +100,7 @@ def _orthonormal_basis(a: Tensor, tol: float) -> Tensor | None:
 
 
 def _full_rank_projection(w0: Tensor, uk: Tensor, sk: Tensor, vk: Tensor, tol: float) -> Tensor | None:
-    r""":math:`P_L \Delta_k P_R` with full base rank via QR: one side is the identity for a full-rank base."""
+    r"""$P_L \Delta_k P_R$ with full base rank via QR: one side is the identity for a full-rank base."""
     m, n = w0.shape[-2:]
     if m <= n:  # wide: column space is all of R^m, project the row side
         q = _orthonormal_basis(w0.mT, tol)
@@ -129,27 +131,27 @@ def sar_project(
     tol: float = 1e-6,
     randomized: bool = False,
 ) -> Float[Tensor, "... m n"]:
-    r"""SAR's projected update :math:`\Delta^\star = U_r\,\mathrm{mask}(M)\,V_r^\top`, :math:`M = (U_r^\top U_{\Delta,k}) S_{\Delta,k} (V_{\Delta,k}^\top V_r)`.
+    r"""SAR's projected update $\Delta^\star = U_r\,\mathrm{mask}(M)\,V_r^\top$, $M = (U_r^\top U_{\Delta,k}) S_{\Delta,k} (V_{\Delta,k}^\top V_r)$.
 
     Args:
         w0: ``[..., m, n]`` base weight (``d_out x d_in``).
-        delta: ``[..., m, n]`` update :math:`W_{RL} - W_0`.
-        k: rank of the truncation; default :func:`sar_rank` of ``delta_fraction``.
-        delta_fraction: :math:`\rho_\Delta \in (0, 1]` (official default 0.01).
+        delta: ``[..., m, n]`` update $W_{RL} - W_0$.
+        k: rank of the truncation; default `sar_rank` of ``delta_fraction``.
+        delta_fraction: $\rho_\Delta \in (0, 1]$ (official default 0.01).
         base_rank: r; default the full thin rank ``min(m, n)`` (official code).
-        mask: keep the full :math:`M`, its diagonal (rescaling only) or off-diagonal part (rewiring).
-        tol: base directions with :math:`s_i \le` ``tol`` :math:`\cdot s_1` are dropped (rank-deficient bases).
-        randomized: compute :math:`\Delta_k` with ``torch.svd_lowrank`` (q = k + 10, 4 power
+        mask: keep the full $M$, its diagonal (rescaling only) or off-diagonal part (rewiring).
+        tol: base directions with $s_i \le$ ``tol`` $\cdot s_1$ are dropped (rank-deficient bases).
+        randomized: compute $\Delta_k$ with ``torch.svd_lowrank`` (q = k + 10, 4 power
             iterations) instead of a full SVD; for large matrices with k << min(m, n).
 
-    With the full base rank and no mask, the projectors depend on :math:`W_0` only through its
-    column/row spaces, so a QR factorisation replaces the SVD of :math:`W_0` (same result, faster);
+    With the full base rank and no mask, the projectors depend on $W_0$ only through its
+    column/row spaces, so a QR factorisation replaces the SVD of $W_0$ (same result, faster);
     a numerically rank-deficient base falls back to the SVD path.
 
     Returns:
         ``[..., m, n]``; add ``alpha * result`` to ``w0``. Zero ``delta`` gives exactly 0.
 
-    Example:
+    Examples:
         >>> w0 = torch.eye(3, dtype=torch.float64)
         >>> d = torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64))
         >>> sar_project(w0, d, k=2).diagonal().tolist()  # square full-rank base: rank-2 truncation
@@ -178,7 +180,7 @@ def sar_project(
 def random_subspace_projection(
     delta: Float[Tensor, "... m n"], k: int, rank: int, *, generator: torch.Generator
 ) -> Float[Tensor, "... m n"]:
-    """Control: project :math:`\\Delta_k` on random orthonormal left/right frames of dimension ``rank``."""
+    """Control: project $\\Delta_k$ on random orthonormal left/right frames of dimension ``rank``."""
     check_float("delta", delta)
     m, n = delta.shape[-2:]
     uk, sk, vk = low_rank_truncation(delta, k)
@@ -195,7 +197,7 @@ def sar_merge(
     alphas: Sequence[float] | None = None,
     **sar_options: object,
 ) -> Float[Tensor, "... m n"]:
-    r"""SAR merging of experts fine-tuned from the same base: :math:`W_0 + \sum_e \alpha_e\,P_L(\Delta_e)_kP_R` (reconstructed rule)."""
+    r"""SAR merging of experts fine-tuned from the same base: $W_0 + \sum_e \alpha_e\,P_L(\Delta_e)_kP_R$ (reconstructed rule)."""
     if not deltas:
         raise ShapeError("deltas: expected at least one expert update")
     alphas = [1.0] * len(deltas) if alphas is None else list(alphas)
@@ -208,7 +210,7 @@ def sar_merge(
 
 
 def task_arithmetic_merge(w0: Tensor, deltas: Sequence[Tensor], *, scale: float = 1.0) -> Tensor:
-    r"""Task arithmetic :math:`W_0 + \lambda\sum_e\Delta_e` (``scale = 1/E`` is the average merge)."""
+    r"""Task arithmetic $W_0 + \lambda\sum_e\Delta_e$ (``scale = 1/E`` is the average merge)."""
     if not deltas:
         raise ShapeError("deltas: expected at least one expert update")
     return w0 + scale * torch.stack(list(deltas)).sum(0)

@@ -2,15 +2,15 @@
 
 Pieces, all pure or (init, update) with explicit state:
 
-- :func:`recoverability_gain`: the realised gain of an intervention, the increase of the group's
+- `recoverability_gain`: the realised gain of an intervention, the increase of the group's
   population reward variance when the branch rewards join it (*reconstructed*).
-- :class:`ControllerState` with :func:`controller_init` / :func:`controller_update` /
-  :func:`controller_predict`: one linear gain predictor per action, refitted at every step on a
-  sliding window of traces with recency weights :math:`\\gamma^{t - t_k}` and a Huber loss (IRLS).
-- :func:`plan_interventions`: the live decision rule, greedy per prompt by utility
-  :math:`f(c, a) - \\lambda C(a)` behind the gate :math:`\\kappa`, under a per-prompt budget and at
-  most J interventions, with an :math:`\\varepsilon` of random exploration at gated-out states.
-- :func:`random_interventions` (shadow phase, exploration) and :func:`entropy_heuristic_states`
+- `ControllerState` with `controller_init` / `controller_update` /
+  `controller_predict`: one linear gain predictor per action, refitted at every step on a
+  sliding window of traces with recency weights $\\gamma^{t - t_k}$ and a Huber loss (IRLS).
+- `plan_interventions`: the live decision rule, greedy per prompt by utility
+  $f(c, a) - \\lambda C(a)$ behind the gate $\\kappa$, under a per-prompt budget and at
+  most J interventions, with an $\\varepsilon$ of random exploration at gated-out states.
+- `random_interventions` (shadow phase, exploration) and `entropy_heuristic_states`
   (the static baseline: branch from the highest-entropy prefix).
 
 Shapes: P prompts, S candidate states per prompt, A intervention actions (pairs (b, tau)),
@@ -20,7 +20,7 @@ own trace window and, for the planners, its own generator; runs never share a fi
 
 Reference: Zhang et al. 2026, "Optimizing What Policies Learn From: Recoverability-aware Rollout
 Intervention Learning", arXiv:2608.05080. Every formula here is *reconstructed* from descriptions
-of the paper (spec 11, section 3).
+of the paper (docs: methods/rail.md).
 """
 
 from __future__ import annotations
@@ -67,11 +67,13 @@ def recoverability_gain(
     branch_mask: Bool[Tensor, "*P b"] | None = None,
     base_mask: Bool[Tensor, "*P n"] | None = None,
 ) -> Float[Tensor, " *P"]:
-    r"""Realised recoverability gain :math:`\Delta = \mathrm{Var}(R\cup B) - \mathrm{Var}(R)` (*reconstructed*).
+    r"""Realised recoverability gain $\Delta = \mathrm{Var}(R\cup B) - \mathrm{Var}(R)$ (*reconstructed*).
 
-    .. math:: \mathrm{Var}(R) = \frac{1}{|R|}\sum_{r\in R}(r - \bar r)^2
+    $$
+    \mathrm{Var}(R) = \frac{1}{|R|}\sum_{r\in R}(r - \bar r)^2
+    $$
 
-    (population variance). For binary rewards :math:`\mathrm{Var}(R) = \hat p(1-\hat p) \le 1/4`.
+    (population variance). For binary rewards $\mathrm{Var}(R) = \hat p(1-\hat p) \le 1/4$.
     No branch (``branch_mask`` all False) gives 0.
 
     Args:
@@ -83,7 +85,7 @@ def recoverability_gain(
     Returns:
         ``[...]`` gains.
 
-    Example:
+    Examples:
         >>> recoverability_gain(torch.tensor([0., 0., 0., 1.]), torch.tensor([1., 1.])).item()
         0.0625
     """
@@ -113,15 +115,15 @@ def recency_weights(
     window: int | None = None,
     mask: Bool[Tensor, "*R N"] | None = None,
 ) -> Float[Tensor, "*R N"]:
-    r"""Normalised recency weights :math:`\omega_k = \gamma^{t-t_k}/\sum_{j\in\mathcal W_t}\gamma^{t-t_j}`.
+    r"""Normalised recency weights $\omega_k = \gamma^{t-t_k}/\sum_{j\in\mathcal W_t}\gamma^{t-t_j}$.
 
-    Only the last ``window`` entries (the most recently appended) are in :math:`\mathcal W_t`;
+    Only the last ``window`` entries (the most recently appended) are in $\mathcal W_t$;
     the others get weight 0. With ``steps`` and ``mask`` of shape ``[*R, N]`` (one row per run) only the masked entries
     count, the window keeps each run's last ``window`` masked entries, and each row is normalised
     on its own (a row with no entry is all 0). Weights are non-negative, sum to 1 (when there is an
     entry) and do not increase with a trace's age. Computed in log space (no underflow for old traces).
 
-    Example:
+    Examples:
         >>> [round(x, 4) for x in recency_weights(torch.tensor([0, 1, 1]), 1, gamma=0.5).tolist()]
         [0.2, 0.4, 0.4]
     """
@@ -147,9 +149,9 @@ def recency_weights(
 
 
 def huber(error: Tensor, delta: float) -> Tensor:
-    r"""Huber loss :math:`\frac12 e^2` for :math:`|e|\le\delta`, :math:`\delta(|e| - \frac12\delta)` beyond.
+    r"""Huber loss $\frac12 e^2$ for $|e|\le\delta$, $\delta(|e| - \frac12\delta)$ beyond.
 
-    Example:
+    Examples:
         >>> huber(torch.tensor([0.5, 2.0]), 1.0).tolist()
         [0.125, 1.5]
     """
@@ -162,7 +164,7 @@ class ControllerState(NamedTuple):
     """Linear gain predictors (one per action) and their trace window, optionally one per run (``*R``)."""
 
     coef: Tensor
-    """``[*R, A, D]`` coefficients; prediction :math:`f(c, a) = c^\\top\\beta_a`."""
+    """``[*R, A, D]`` coefficients; prediction $f(c, a) = c^\\top\\beta_a$."""
     features: Tensor
     """``[*R, N, D]`` trace contexts, oldest first."""
     actions: Tensor
@@ -203,11 +205,13 @@ def controller_fit(
 ) -> Float[Tensor, "*R A D"]:
     r"""Weighted Huber regression per action by iteratively reweighted least squares, batched over actions.
 
-    .. math:: \beta_a = \arg\min_\beta \sum_{k: a_k = a}\omega_k\,\mathrm{Huber}_\delta(c_k^\top\beta - \Delta_k)
-              + \tfrac{\lambda}{2}\|\beta\|^2
+    $$
+    \beta_a = \arg\min_\beta \sum_{k: a_k = a}\omega_k\,\mathrm{Huber}_\delta(c_k^\top\beta - \Delta_k)
+                  + \tfrac{\lambda}{2}\|\beta\|^2
+    $$
 
     IRLS: weighted least squares, then ``iters`` rounds reweighting each trace by
-    :math:`\min(1, \delta/|e_k|)`. ``ridge`` :math:`\lambda \ge 0` keeps unseen actions at 0.
+    $\min(1, \delta/|e_k|)$. ``ridge`` $\lambda \ge 0$ keeps unseen actions at 0.
     Leading dimensions ``*R`` are independent runs, each with its own fit (a trace of weight 0
     takes no part).
 
@@ -278,15 +282,16 @@ def controller_update(
 ) -> ControllerState:
     r"""Append step ``step``'s traces, keep the last ``window``, refit on recency-weighted Huber loss.
 
-    .. math::
-        \mathcal L(\phi) = \sum_{k\in\mathcal W_t}\omega_k\,\mathrm{Huber}_\delta\big(f_\phi(c_k, a_k) - \Delta_k\big)
+    $$
+    \mathcal L(\phi) = \sum_{k\in\mathcal W_t}\omega_k\,\mathrm{Huber}_\delta\big(f_\phi(c_k, a_k) - \Delta_k\big)
+    $$
 
     Args:
-        state: current :class:`ControllerState`. features: ``[*R, M, D]``. actions: ``[*R, M]`` in [0, A).
+        state: current `ControllerState`. features: ``[*R, M, D]``. actions: ``[*R, M]`` in [0, A).
         gains: ``[*R, M]`` realised gains. step: the traces' step (weights use age ``step - t_k``).
         valid: optional ``[*R, M]`` boolean, which of the new traces exist (runs may add different numbers).
-        window, gamma, delta, ridge, iters: W (per run: its last W traces), :math:`\gamma`, Huber
-            :math:`\delta`, ridge, IRLS rounds.
+        window, gamma, delta, ridge, iters: W (per run: its last W traces), $\gamma$, Huber
+            $\delta$, ridge, IRLS rounds.
 
     Returns:
         The new state (its ``coef`` predicts for step ``step + 1``).
@@ -403,7 +408,9 @@ def plan_interventions(
 ) -> InterventionPlan:
     r"""Live decision rule: per prompt, greedily take the best (state, action) by utility while it passes the gate.
 
-    .. math:: u(s, a) = f_\phi(c(s), a) - \lambda C(a),\qquad \text{take } \arg\max_{(s,a)} u \text{ iff } u > \kappa
+    $$
+    u(s, a) = f_\phi(c(s), a) - \lambda C(a),\qquad \text{take } \arg\max_{(s,a)} u \text{ iff } u > \kappa
+    $$
 
     Each round (at most J = ``max_per_prompt``) considers unused candidate states and actions whose
     cost fits the prompt's remaining ``budget``; a state is branched at most once. A prompt whose
@@ -416,13 +423,13 @@ def plan_interventions(
         predictions: ``[*R, P, S, A]`` predicted gains. costs: ``[A]`` cost (extra rollouts) per action.
         candidate_valid: ``[*R, P, S]`` which candidate states exist (unused ones).
         budget: extra rollouts allowed per prompt, a number or a ``[*R, P]`` tensor of remaining budgets.
-        max_per_prompt: J. kappa: the gate (``inf`` = never intervene). cost_weight: :math:`\lambda`.
-        explore_prob: :math:`\varepsilon \in [0, 1]`. generator: explicit RNG (or one per run) for exploration.
+        max_per_prompt: J. kappa: the gate (``inf`` = never intervene). cost_weight: $\lambda$.
+        explore_prob: $\varepsilon \in [0, 1]$. generator: explicit RNG (or one per run) for exploration.
 
     Returns:
-        :class:`InterventionPlan` with ``[*R, P, J]`` fields.
+        `InterventionPlan` with ``[*R, P, J]`` fields.
 
-    Example:
+    Examples:
         >>> pred = torch.tensor([[[0.1, 0.3], [0.2, 0.0]]])
         >>> plan = plan_interventions(pred, torch.tensor([2.0, 4.0]), torch.ones(1, 2, dtype=torch.bool),
         ...                           budget=4, max_per_prompt=2, cost_weight=0.0)
@@ -473,7 +480,7 @@ def plan_interventions(
 def entropy_heuristic_states(entropy: Float[Tensor, "P S"], candidate_valid: Bool[Tensor, "P S"]) -> Int[Tensor, " P"]:
     """Static baseline: the candidate state of highest policy entropy per prompt (ARPO-style trigger).
 
-    Example:
+    Examples:
         >>> entropy_heuristic_states(torch.tensor([[0.1, 0.9, 2.0]]), torch.tensor([[True, True, False]])).tolist()
         [1]
     """

@@ -11,15 +11,15 @@ from posttrain.validate import check_float, check_mask, check_positive, check_sa
 __all__ = ["LOG_RATIO_CLAMP", "log_ratio", "sequence_log_ratio"]
 
 LOG_RATIO_CLAMP = 20.0
-"""verl and OpenRLHF clamp :math:`\\ell - \\ell_{old}` to ``[-20, 20]`` before ``exp``."""
+"""verl and OpenRLHF clamp $\\ell - \\ell_{old}$ to ``[-20, 20]`` before ``exp``."""
 
 
 def log_ratio(
     logp: Float[Tensor, "B T"], logp_old: Float[Tensor, "B T"], *, clamp: float | None = LOG_RATIO_CLAMP
 ) -> Float[Tensor, "B T"]:
-    r""":math:`\log r = \mathrm{clamp}(\ell - \ell_{old}, -c, c)`; ``clamp=None`` leaves it unclamped (TRL).
+    r"""$\log r = \mathrm{clamp}(\ell - \ell_{old}, -c, c)$; ``clamp=None`` leaves it unclamped (TRL).
 
-    Example:
+    Examples:
         >>> import torch
         >>> log_ratio(torch.tensor([[-30.0, -1.0]]), torch.tensor([[-1.0, -2.0]])).tolist()
         [[-20.0, 1.0]]
@@ -36,7 +36,10 @@ def sequence_log_ratio(
 ) -> Float[Tensor, " B"]:
     r"""Length-normalised sequence log-ratio (GSPO), 0 for a fully masked row.
 
-    .. math:: \log s_i = \frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it})
+    $$
+    \log s_i = \frac{1}{|y_i|}\sum_t m_{it}(\ell_{it} - \ell^{old}_{it})
+    $$
+
     """
     check_float("logp", logp, ndim=2)
     check_float("logp_old", logp_old)

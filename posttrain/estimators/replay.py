@@ -1,13 +1,13 @@
 """Headroom-Drift Replay (HDR): a FIFO buffer of GRPO groups, ranked by headroom, gated by policy drift.
 
-The buffer is an explicit, immutable :class:`ReplayBuffer` (a NamedTuple of tensors, oldest group
-first); :func:`replay_add` (ingress + FIFO eviction) and :func:`replay_select` (rank, gate, refresh)
+The buffer is an explicit, immutable `ReplayBuffer` (a NamedTuple of tensors, oldest group
+first); `replay_add` (ingress + FIFO eviction) and `replay_select` (rank, gate, refresh)
 return new buffers and never touch a random generator, so the fresh on-policy stream of a trainer
-is unchanged by replay. The scores :func:`headroom` and :func:`policy_drift` are pure functions.
+is unchanged by replay. The scores `headroom` and `policy_drift` are pure functions.
 
 Shapes: a buffer of C groups, K responses each, T token positions: ``[C, K, T]`` token tensors,
 ``[C, K]`` rewards/advantages, ``[C]`` per-group scalars. The four rules of the paper's comparison
-(HDR, naive recency replay, headroom-only, drift-only) are :class:`ReplayRule` values registered in
+(HDR, naive recency replay, headroom-only, drift-only) are `ReplayRule` values registered in
 ``registry("replay")``.
 
 Reference: Park & Chang 2026, "Headroom-Drift Replay: A Primitive for Principled Replay Control in
@@ -67,22 +67,23 @@ def headroom(
 ) -> Float[Tensor, " *G"]:
     r"""Headroom of a group under a policy: how much directional correction its tokens still admit.
 
-    .. math::
-        h_{ij} = \begin{cases}1-\pi(a_{ij}|s_{ij}) & A_i > 0\\ \pi(a_{ij}|s_{ij}) & A_i < 0\\ 0 & A_i = 0\end{cases},
-        \qquad \mathrm{Headroom}(g;\pi) = \frac{1}{|\mathcal T(g)|}\sum_{(i,j)\in\mathcal T(g)} h_{ij} \in [0, 1]
+    $$
+    h_{ij} = \begin{cases}1-\pi(a_{ij}|s_{ij}) & A_i > 0\\ \pi(a_{ij}|s_{ij}) & A_i < 0\\ 0 & A_i = 0\end{cases},
+    \qquad \mathrm{Headroom}(g;\pi) = \frac{1}{|\mathcal T(g)|}\sum_{(i,j)\in\mathcal T(g)} h_{ij} \in [0, 1]
+    $$
 
     pooled over all valid tokens of the group (longer responses weigh more). A group without
     valid tokens gets 0.
 
     Args:
-        logp: ``[..., K, T]`` log-probs :math:`\log\pi(a_{ij}|s_{ij})` of the stored tokens.
+        logp: ``[..., K, T]`` log-probs $\log\pi(a_{ij}|s_{ij})$ of the stored tokens.
         advantages: ``[..., K]`` stored per-response advantages (only their signs matter).
         mask: ``[..., K, T]`` boolean valid-token mask.
 
     Returns:
         ``[...]`` headroom per group.
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[0.25, 0.5], [0.5, 0.5]]))
         >>> m = torch.tensor([[True, True], [True, False]])
         >>> float(headroom(lp, torch.tensor([1.0, -1.0]), m))  # (0.75 + 0.5 + 0.5) / 3
@@ -103,10 +104,12 @@ def policy_drift(
 ) -> Float[Tensor, " *G"]:
     r"""Policy drift of a stored group: mean squared log-prob change over its valid tokens.
 
-    .. math:: \mathrm{Drift}(g;\theta_t) = \frac{1}{|\mathcal T(g)|}\sum_{(i,j)\in\mathcal T(g)}
-              \big(\log\pi_{\theta_t}(a_{ij}|s_{ij}) - \ell^{gen}_{ij}\big)^2 \ \ge 0
+    $$
+    \mathrm{Drift}(g;\theta_t) = \frac{1}{|\mathcal T(g)|}\sum_{(i,j)\in\mathcal T(g)}
+                  \big(\log\pi_{\theta_t}(a_{ij}|s_{ij}) - \ell^{gen}_{ij}\big)^2 \ \ge 0
+    $$
 
-    Proposition 2 of the paper: :math:`|H_t(g) - H_{ref}(g)| \le \sqrt{\mathrm{Drift}(g;\theta_t)}`.
+    Proposition 2 of the paper: $|H_t(g) - H_{ref}(g)| \le \sqrt{\mathrm{Drift}(g;\theta_t)}$.
 
     Args:
         logp: ``[..., K, T]`` current log-probs of the stored tokens.
@@ -116,7 +119,7 @@ def policy_drift(
     Returns:
         ``[...]`` drift per group.
 
-    Example:
+    Examples:
         >>> d = policy_drift(torch.tensor([[0.1, -0.3]]), torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
         >>> round(float(d), 6)
         0.05
@@ -129,10 +132,10 @@ def policy_drift(
 def mixed_outcome(rewards: Float[Tensor, "G K"], *, success_threshold: float | None = None) -> Bool[Tensor, " G"]:
     r"""Ingress rule: a group is a replay candidate iff it has at least one success and one failure.
 
-    Success is :math:`r_i > 0` (single reward) or :math:`r_i \ge` ``success_threshold`` (multi-reward
+    Success is $r_i > 0$ (single reward) or $r_i \ge$ ``success_threshold`` (multi-reward
     settings, the paper uses 0.9 for an answer-based indicator).
 
-    Example:
+    Examples:
         >>> mixed_outcome(torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.95, 0.5]]), success_threshold=0.9).tolist()
         [True, False, True]
     """
@@ -200,13 +203,13 @@ def replay_add(
 ) -> ReplayBuffer:
     r"""Ingress (phase E): append the step's mixed-outcome groups, then evict the oldest beyond ``capacity``.
 
-    Groups with all-equal outcomes or without valid tokens never enter. :math:`H_{ref} = H_{cache}
-    = \mathrm{Headroom}(g; \pi_{gen})`. Call after the step's update (no same-step replay).
+    Groups with all-equal outcomes or without valid tokens never enter. $H_{ref} = H_{cache}
+    = \mathrm{Headroom}(g; \pi_{gen})$. Call after the step's update (no same-step replay).
 
     Args:
         buffer: the current buffer. tokens, mask, rewards, advantages, logp_gen, prompt: the fresh
-        groups (``[G, K, T]``, ``[G, K]``, ``[G]``). step: the generation step. capacity: C > 0.
-        success_threshold: see :func:`mixed_outcome`.
+            groups (``[G, K, T]``, ``[G, K]``, ``[G]``). step: the generation step. capacity: C > 0.
+        success_threshold: see `mixed_outcome`.
 
     Returns:
         The new buffer (at most ``capacity`` groups, oldest first).
@@ -241,7 +244,7 @@ def replay_add(
 
 
 class ReplayOrder(str, Enum):
-    """The scan order of :func:`replay_select`."""
+    """The scan order of `replay_select`."""
 
     HEADROOM = "headroom"
     """Cached headroom, highest first (HDR phase B)."""
@@ -272,7 +275,7 @@ for _name, _rule, _summary in (
 
 
 def replay_rule(name: str) -> ReplayRule:
-    """The :class:`ReplayRule` registered as ``name``: hdr, naive_recency, headroom_only or drift_only."""
+    """The `ReplayRule` registered as ``name``: hdr, naive_recency, headroom_only or drift_only."""
     rule = REPLAY_RULES.get(name)
     if not isinstance(rule, ReplayRule):
         raise TypeError(f"replay registry entry {name!r} is not a ReplayRule")
@@ -307,7 +310,7 @@ def replay_select(
 
     Groups are visited in ``order`` (cached headroom descending, or newest first); each visited
     group has its drift and runtime headroom computed from ``logp`` (one teacher-forced pass) and
-    its ``h_cache`` refreshed; it is admitted iff :math:`\mathrm{Drift} \le \tau`; the scan stops
+    its ``h_cache`` refreshed; it is admitted iff $\mathrm{Drift} \le \tau$; the scan stops
     after the ``k_rep``-th admission. Vectorised: the visited prefix is where the count of earlier
     admissions is below ``k_rep``. ``tau = inf`` disables the gate. Groups with
     ``t_gen >= step`` are never admitted. Uses no randomness.
@@ -315,12 +318,12 @@ def replay_select(
     Args:
         buffer: the buffer. logp: ``[C, K, T]`` current log-probs of every stored token.
         k_rep: replay budget K_rep >= 0. tau: drift threshold >= 0 (``math.inf`` allowed).
-        order: a :class:`ReplayOrder`. step: the current step, or None.
+        order: a `ReplayOrder`. step: the current step, or None.
 
     Returns:
         ``(ReplaySelection, new buffer with refreshed h_cache)``.
 
-    Example:
+    Examples:
         >>> buf = replay_init(2, 1)
         >>> buf = replay_add(buf, tokens=torch.zeros(3, 2, 1, dtype=torch.long),
         ...     mask=torch.ones(3, 2, 1, dtype=torch.bool), rewards=torch.tensor([[1., 0.]] * 3),

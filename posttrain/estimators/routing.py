@@ -1,15 +1,15 @@
 r"""Self-Routing: route each prompt to GRPO / OPSD / REG / SKIP from its rollouts' behaviour state.
 
-Per prompt (G prompts, K rollouts each): accuracy memberships :math:`\omega(a_x)=[l,m,h]`
+Per prompt (G prompts, K rollouts each): accuracy memberships $\omega(a_x)=[l,m,h]$
 (Gaussian kernels at 0, 0.5, 1, normalised), batch-calibrated entropy confidences and the
-features :math:`(\tilde c,\tilde c^+,\tilde c^-,\widetilde{\Delta c})`, four scores, a plain
-normalisation :math:`p = s/\sum s` and one categorical draw per prompt from an explicit
-``torch.Generator``. The route of every prompt is one of :data:`RECIPES`; the four queues are a
-partition of the batch (:func:`route_masks`). :func:`routed_loss` combines per-queue mean losses
+features $(\tilde c,\tilde c^+,\tilde c^-,\widetilde{\Delta c})$, four scores, a plain
+normalisation $p = s/\sum s$ and one categorical draw per prompt from an explicit
+``torch.Generator``. The route of every prompt is one of `RECIPES`; the four queues are a
+partition of the batch (`route_masks`). `routed_loss` combines per-queue mean losses
 weighted by queue size, SKIP counted nowhere. The matched-marginal random router is the baseline.
 
-*Reconstructed* (spec 04 §3, §10): the confidence features (:math:`\tilde c^\pm` = mean confidence
-of the correct / incorrect rollouts, 0 if none; :math:`\widetilde{\Delta c}` = batch min-max
+*Reconstructed* (docs: methods/self_routing.md): the confidence features ($\tilde c^\pm$ = mean confidence
+of the correct / incorrect rollouts, 0 if none; $\widetilde{\Delta c}$ = batch min-max
 rescaled deviation) and the min-max entropy normalisation.
 
 Reference: Li, Zhang, Huang, Ma, Liu, Liu 2026, From Rollouts to Recipes (arXiv:2609.01422).
@@ -63,12 +63,12 @@ RECIPES: tuple[Recipe, ...] = tuple(Recipe)
 
 
 class DeltaMode(str, Enum):
-    """How the confidence deviation :math:`\\Delta c_x` is mapped to [0, 1]."""
+    """How the confidence deviation $\\Delta c_x$ is mapped to [0, 1]."""
 
     MINMAX = "minmax"
     """Batch min-max rescaling (default)."""
     CLIP = "clip"
-    """:math:`\\mathrm{clip}(0.5 + \\Delta c_x, 0, 1)`."""
+    """$\\mathrm{clip}(0.5 + \\Delta c_x, 0, 1)$."""
 
 
 def _minmax(x: Tensor, eps: float, dims: tuple[int, ...]) -> Tensor:
@@ -79,11 +79,13 @@ def _minmax(x: Tensor, eps: float, dims: tuple[int, ...]) -> Tensor:
 def accuracy_memberships(
     accuracy: Float[Tensor, "*R G"], *, sigma_l: float = 0.18, sigma_m: float = 0.16, sigma_h: float = 0.18
 ) -> Float[Tensor, "*R G 3"]:
-    r"""Normalised Gaussian memberships :math:`\omega(a) = [l, m, h]/(l+m+h)`.
+    r"""Normalised Gaussian memberships $\omega(a) = [l, m, h]/(l+m+h)$.
 
-    .. math:: l = e^{-a^2/2\sigma_l^2},\quad m = e^{-(a-0.5)^2/2\sigma_m^2},\quad h = e^{-(a-1)^2/2\sigma_h^2}
+    $$
+    l = e^{-a^2/2\sigma_l^2},\quad m = e^{-(a-0.5)^2/2\sigma_m^2},\quad h = e^{-(a-1)^2/2\sigma_h^2}
+    $$
 
-    Example:
+    Examples:
         >>> [round(x, 3) for x in accuracy_memberships(torch.tensor([0.5]))[0].tolist()]
         [0.02, 0.959, 0.02]
     """
@@ -98,11 +100,11 @@ def accuracy_memberships(
 
 
 def rollout_confidence(mean_entropy: Float[Tensor, "*R G K"], *, eps: float = 1e-6) -> Float[Tensor, "*R G K"]:
-    r"""Per-rollout confidence :math:`\kappa_i = 1 - \mathrm{Norm}_{\mathcal B}(\bar H_i)` (batch min-max, in [0, 1]).
+    r"""Per-rollout confidence $\kappa_i = 1 - \mathrm{Norm}_{\mathcal B}(\bar H_i)$ (batch min-max, in [0, 1]).
 
     The routing batch is the last two axes ``[G, K]``; leading axes ``*R`` are independent batches.
 
-    Example:
+    Examples:
         >>> [[round(x, 4) for x in row] for row in rollout_confidence(torch.tensor([[0.0, 2.0], [1.0, 1.0]])).tolist()]
         [[1.0, 0.0], [0.5, 0.5]]
     """
@@ -120,13 +122,13 @@ def confidence_features(
     delta_mode: DeltaMode | str = DeltaMode.MINMAX,
     eps: float = 1e-6,
 ) -> Float[Tensor, "*R G 4"]:
-    r"""The (*reconstructed*) features :math:`(\tilde c, \tilde c^+, \tilde c^-, \widetilde{\Delta c})` per prompt.
+    r"""The (*reconstructed*) features $(\tilde c, \tilde c^+, \tilde c^-, \widetilde{\Delta c})$ per prompt.
 
-    :math:`\tilde c = c_x` the mean confidence of the prompt's rollouts; :math:`\tilde c^{+}`
-    (:math:`\tilde c^{-}`) the mean over its correct (incorrect) rollouts, 0 if there are none;
-    :math:`\widetilde{\Delta c}` the deviation :math:`c_x - \bar c_{\mathcal B}` mapped to [0, 1].
+    $\tilde c = c_x$ the mean confidence of the prompt's rollouts; $\tilde c^{+}$
+    ($\tilde c^{-}$) the mean over its correct (incorrect) rollouts, 0 if there are none;
+    $\widetilde{\Delta c}$ the deviation $c_x - \bar c_{\mathcal B}$ mapped to [0, 1].
 
-    Example:
+    Examples:
         >>> correct = torch.tensor([[True, False], [False, False]])
         >>> f = confidence_features(torch.tensor([[1.0, 0.5], [0.0, 0.0]]), correct)
         >>> [round(x, 3) for x in f[0].tolist()]
@@ -146,11 +148,13 @@ def confidence_features(
 def router_scores(memberships: Float[Tensor, "*R G 3"], features: Float[Tensor, "*R G 4"]) -> Float[Tensor, "*R G 4"]:
     r"""Router scores (columns GRPO, OPSD, REG, SKIP).
 
-    .. math:: s_{GRPO} = m + h(1-\widetilde{\Delta c}) + l(1-\tilde c^-)\tilde c,\quad
-              s_{OPSD} = l(1-\tilde c^-),\quad s_{REG} = h\,\widetilde{\Delta c}\,\tilde c^+,\quad
-              s_{SKIP} = l\,\tilde c^-\tilde c
+    $$
+    s_{GRPO} = m + h(1-\widetilde{\Delta c}) + l(1-\tilde c^-)\tilde c,\quad
+                  s_{OPSD} = l(1-\tilde c^-),\quad s_{REG} = h\,\widetilde{\Delta c}\,\tilde c^+,\quad
+                  s_{SKIP} = l\,\tilde c^-\tilde c
+    $$
 
-    Example:
+    Examples:
         >>> router_scores(torch.tensor([[1., 0., 0.]]), torch.tensor([[1., 0., 1., 0.]])).tolist()
         [[0.0, 0.0, 0.0, 1.0]]
     """
@@ -168,9 +172,9 @@ def router_scores(memberships: Float[Tensor, "*R G 3"], features: Float[Tensor, 
 
 
 def router_probabilities(scores: Float[Tensor, "*R G 4"], *, eps: float = 1e-8) -> Float[Tensor, "*R G 4"]:
-    r"""Plain normalisation :math:`p = s/(\sum s + \epsilon)` renormalised to sum 1; all-zero rows go to GRPO.
+    r"""Plain normalisation $p = s/(\sum s + \epsilon)$ renormalised to sum 1; all-zero rows go to GRPO.
 
-    Example:
+    Examples:
         >>> router_probabilities(torch.tensor([[1., 1., 0., 2.], [0., 0., 0., 0.]])).tolist()
         [[0.25, 0.25, 0.0, 0.5], [1.0, 0.0, 0.0, 0.0]]
     """
@@ -197,8 +201,8 @@ def self_routing_probabilities(
 ) -> Float[Tensor, "*R G 4"]:
     r"""Self-Routing's recipe probabilities from binary rewards and per-rollout mean token entropies.
 
-    :math:`a_x` = mean reward of the prompt; memberships, batch-calibrated confidences, features,
-    scores and the plain normalisation as in :func:`accuracy_memberships` ... :func:`router_probabilities`.
+    $a_x$ = mean reward of the prompt; memberships, batch-calibrated confidences, features,
+    scores and the plain normalisation as in `accuracy_memberships` ... `router_probabilities`.
 
     Args:
         rewards: ``[*R, G, K]`` binary verifier outcomes (1 = correct).
@@ -208,7 +212,7 @@ def self_routing_probabilities(
     Returns:
         ``[G, 4]`` probabilities over (GRPO, OPSD, REG, SKIP).
 
-    Example:
+    Examples:
         >>> p = self_routing_probabilities(torch.tensor([[1., 0.], [0., 0.]]), torch.tensor([[1., 1.], [2., 2.]]))
         >>> int(p[0].argmax()), int(p[1].argmax())  # mixed -> GRPO; all wrong, unsure -> OPSD
         (0, 1)
@@ -230,7 +234,7 @@ def sample_routes(probabilities: Float[Tensor, "*R G 4"], uniforms: Float[Tensor
     Pure: the randomness is the ``uniforms`` argument (draw them from a seeded generator), so a
     route is deterministic given the seed.
 
-    Example:
+    Examples:
         >>> sample_routes(torch.tensor([[0.5, 0., 0.5, 0.], [0.25, 0.25, 0.25, 0.25]]), torch.tensor([0.7, 0.3])).tolist()
         [2, 1]
     """
@@ -252,7 +256,7 @@ def sample_routes(probabilities: Float[Tensor, "*R G 4"], uniforms: Float[Tensor
 def random_routes(marginal: Float[Tensor, "*R 4"], uniforms: Float[Tensor, "*R G"]) -> Int[Tensor, "*R G"]:
     """Matched-marginal random routing baseline: every prompt draws from the same fixed ``marginal``.
 
-    Example:
+    Examples:
         >>> random_routes(torch.tensor([0., 1., 0., 0.]), torch.tensor([0.1, 0.5, 0.9])).tolist()
         [1, 1, 1]
     """
@@ -265,7 +269,7 @@ def random_routes(marginal: Float[Tensor, "*R 4"], uniforms: Float[Tensor, "*R G
 def route_masks(routes: Int[Tensor, "*R G"]) -> Bool[Tensor, "4 *R G"]:
     """One boolean slice per recipe; every prompt is True in exactly one slice (a partition).
 
-    Example:
+    Examples:
         >>> route_masks(torch.tensor([3, 0])).int().tolist()
         [[0, 1], [0, 0], [0, 0], [1, 0]]
     """
@@ -281,10 +285,12 @@ def routed_loss(
 ) -> Float[Tensor, "*R"]:
     r"""Queue-size-weighted sum of per-queue token-mean losses; SKIP counts nowhere.
 
-    .. math:: \mathcal L = \frac{n_g\mathcal L_{GRPO} + n_o\mathcal L_{OPSD} + n_r\mathcal L_{REG}}{n_g+n_o+n_r}
+    $$
+    \mathcal L = \frac{n_g\mathcal L_{GRPO} + n_o\mathcal L_{OPSD} + n_r\mathcal L_{REG}}{n_g+n_o+n_r}
+    $$
 
-    :math:`\mathcal L_\bullet` is the token mean of recipe :math:`\bullet`'s per-token loss over the
-    rows of its queue; :math:`n_\bullet` counts prompts. Rows are grouped ``B = G x K`` row-major.
+    $\mathcal L_\bullet$ is the token mean of recipe $\bullet$'s per-token loss over the
+    rows of its queue; $n_\bullet$ counts prompts. Rows are grouped ``B = G x K`` row-major.
     An all-SKIP batch gives exactly 0 (with a graph, so ``backward`` is a no-op). Leading axes
     ``*R`` are independent routing batches (one loss each).
 
@@ -296,7 +302,7 @@ def routed_loss(
     Returns:
         ``[*R]`` losses (0-d without leading axes).
 
-    Example:
+    Examples:
         >>> losses = torch.tensor([1.0, 3.0, 0.0, 0.0]).reshape(4, 1, 1).expand(4, 4, 1)
         >>> float(routed_loss(losses, torch.tensor([0, 1]), torch.ones(4, 1, dtype=torch.bool)))
         2.0

@@ -1,14 +1,14 @@
 r"""Selective importance sampling (SIS): a token-level rejection test against the behaviour policy.
 
-Each stored token :math:`y_t \sim \mu` is accepted with probability :math:`a_t = \min(1, \rho_t/M_t)`,
-:math:`M_t` the largest ratio over the behaviour's top-K tokens; accepted tokens are treated as
+Each stored token $y_t \sim \mu$ is accepted with probability $a_t = \min(1, \rho_t/M_t)$,
+$M_t$ the largest ratio over the behaviour's top-K tokens; accepted tokens are treated as
 on-policy (weight 1, no clipping), rejected ones keep the usual clipped importance ratio.
 
-SIS enters a PPO-family loss through :func:`sis_logp_old`, which returns *effective* behaviour
+SIS enters a PPO-family loss through `sis_logp_old`, which returns *effective* behaviour
 log-probs, equal to ``logp.detach()`` on accepted tokens and ``logp_old`` elsewhere, so
-``loss(logp, sis_logp_old(...), ...)`` sees the ratio :math:`e^{\ell - \mathrm{sg}(\ell)}` (value 1,
-gradient :math:`\nabla\ell`) on accepted tokens. :func:`sis_loss` is that composition with the PPO
-clip (GRPO + SIS); :func:`sis_gspo_loss` is GSPO + SIS, whose sequence ratio is taken over the
+``loss(logp, sis_logp_old(...), ...)`` sees the ratio $e^{\ell - \mathrm{sg}(\ell)}$ (value 1,
+gradient $\nabla\ell$) on accepted tokens. `sis_loss` is that composition with the PPO
+clip (GRPO + SIS); `sis_gspo_loss` is GSPO + SIS, whose sequence ratio is taken over the
 rejected tokens only (a different composition, see there).
 
 Released form and earlier reconstruction. The authors' released code (a verl fork,
@@ -16,13 +16,13 @@ Released form and earlier reconstruction. The authors' released code (a verl for
 had differently; the released form is the default here:
 
 1. acceptance has no top-K membership rule: a sampled token outside the behaviour top-K is
-   accepted with probability :math:`\min(1, \rho/M)` like any other (the reconstruction always
+   accepted with probability $\min(1, \rho/M)$ like any other (the reconstruction always
    rejected it; that variant stays available by passing ``in_topk``), and a token whose
    log-ratio is exactly 0 is always accepted;
 2. GSPO + SIS averages the log-ratios over the *rejected* tokens only and gives accepted tokens
    ratio 1 with no clip (the reconstruction, ``gspo_loss(logp, sis_logp_old(...))``, averaged over
    all tokens and clipped every token);
-3. the divergence metrics are per-sequence means, with the rejected tokens' :math:`|\log\rho|`
+3. the divergence metrics are per-sequence means, with the rejected tokens' $|\log\rho|$
    clipped to the PPO range (the reconstruction used unclipped sums).
 
 Reference: Li et al. 2026, "Turning Off-Policy Tokens On-Policy: A Plug-in Approach for Improving
@@ -75,9 +75,9 @@ class SISDiagnostics(NamedTuple):
     """Diagnostics of an SIS loss (no gradient)."""
 
     accept_rate: Tensor
-    """0-d: :math:`\\sum m\\,\\mathrm{acc} / \\sum m`."""
+    """0-d: $\\sum m\\,\\mathrm{acc} / \\sum m$."""
     d_orig: Tensor | None
-    """``[B]``: per-sequence mean absolute log-ratio (rejected tokens' clipped), see :func:`sis_divergence`."""
+    """``[B]``: per-sequence mean absolute log-ratio (rejected tokens' clipped), see `sis_divergence`."""
     d_sis: Tensor | None
     """``[B]``: the same over the rejected tokens only; never above ``d_orig``."""
     clip: ClipDiagnostics
@@ -85,9 +85,9 @@ class SISDiagnostics(NamedTuple):
 
 
 def token_in_topk(tokens: Int[Tensor, "B T"], topk_idx: Int[Tensor, "B T K"]) -> Bool[Tensor, "B T"]:
-    """:math:`I_{bt} = \\mathbb 1[y_{bt} \\in \\mathrm{topk\\_idx}_{bt,:}]` (K = 0 gives all False).
+    """$I_{bt} = \\mathbb 1[y_{bt} \\in \\mathrm{topk\\_idx}_{bt,:}]$ (K = 0 gives all False).
 
-    Example:
+    Examples:
         >>> token_in_topk(torch.tensor([[2, 0]]), torch.tensor([[[2, 1], [1, 3]]])).tolist()
         [[True, False]]
     """
@@ -107,28 +107,29 @@ def sis_acceptance_prob(
     old_topk_logp: Float[Tensor, "B T K"],
     in_topk: Bool[Tensor, "B T"] | None = None,
 ) -> Float[Tensor, "B T"]:
-    r"""SIS acceptance probability :math:`a = \min(1, \rho/M)`, computed in log space, no gradient.
+    r"""SIS acceptance probability $a = \min(1, \rho/M)$, computed in log space, no gradient.
 
-    .. math::
-        \log\rho_{bt} = \ell_{bt} - \ell^{old}_{bt},\qquad
-        \log M_{bt} = \max_{k\le K}\big(\ell^{cur}_{btk} - \ell^{old}_{btk}\big),\qquad
-        a_{bt} = \exp\big(\min(0, \log\rho_{bt} - \log M_{bt})\big)
+    $$
+    \log\rho_{bt} = \ell_{bt} - \ell^{old}_{bt},\qquad
+    \log M_{bt} = \max_{k\le K}\big(\ell^{cur}_{btk} - \ell^{old}_{btk}\big),\qquad
+    a_{bt} = \exp\big(\min(0, \log\rho_{bt} - \log M_{bt})\big)
+    $$
 
-    and :math:`a = 1` where :math:`\log\rho = 0` exactly (the released test accepts those whatever
+    and $a = 1$ where $\log\rho = 0$ exactly (the released test accepts those whatever
     M is). With K = V (all tokens) this is exact rejection sampling: accepted proposals are
-    distributed as :math:`\pi_\theta(\cdot|s_t)`. With K < V, M may be below 1.
+    distributed as $\pi_\theta(\cdot|s_t)$. With K < V, M may be below 1.
 
-    Passing ``in_topk`` selects the earlier reconstruction instead: :math:`a = I\cdot\min(1, \rho/M)`
+    Passing ``in_topk`` selects the earlier reconstruction instead: $a = I\cdot\min(1, \rho/M)$
     (a token outside the top-K is always rejected, no exact-zero rule). A support column at
-    :math:`-\infty` under both policies makes :math:`\log M` undefined; such tokens get
-    :math:`a = 0` (rejected), never NaN.
+    $-\infty$ under both policies makes $\log M$ undefined; such tokens get
+    $a = 0$ (rejected), never NaN.
 
     Args:
         logp: ``[B, T]`` current-policy log-probs of the stored tokens (gradient ignored).
-        logp_old: ``[B, T]`` behaviour log-probs :math:`\log\mu` of the stored tokens.
+        logp_old: ``[B, T]`` behaviour log-probs $\log\mu$ of the stored tokens.
         cur_topk_logp: ``[B, T, K]`` current log-probs at the behaviour's top-K indices.
         old_topk_logp: ``[B, T, K]`` behaviour log-probs at those indices.
-        in_topk: optional ``[B, T]`` boolean (:func:`token_in_topk`): the top-K membership variant.
+        in_topk: optional ``[B, T]`` boolean (`token_in_topk`): the top-K membership variant.
 
     Returns:
         ``[B, T]`` acceptance probabilities in [0, 1] (detached).
@@ -136,7 +137,7 @@ def sis_acceptance_prob(
     Raises:
         ShapeError: wrong ranks, dtypes or shapes.
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[0.5, 0.2]])); lo = torch.log(torch.tensor([[0.25, 0.4]]))
         >>> cur = torch.log(torch.tensor([[[0.5, 0.3], [0.2, 0.8]]]))
         >>> old = torch.log(torch.tensor([[[0.25, 0.75], [0.4, 0.6]]]))
@@ -154,7 +155,7 @@ def sis_acceptance_prob(
 def _capped_ratio_over_envelope(
     logp: Tensor, logp_old: Tensor, cur_topk_logp: Tensor, old_topk_logp: Tensor, in_topk: Tensor | None
 ) -> Tensor:
-    r"""Validate the rejection test's inputs; return :math:`\exp(\min(0, \log\rho - \log M))` (0 for K = 0)."""
+    r"""Validate the rejection test's inputs; return $\exp(\min(0, \log\rho - \log M))$ (0 for K = 0)."""
     check_float("logp", logp, ndim=2)
     check_float("logp_old", logp_old)
     check_same_shape("logp", logp, logp_old=logp_old)
@@ -183,23 +184,23 @@ def sis_rejection_test(
     in_topk: Bool[Tensor, "B T"] | None,
     u: Float[Tensor, "B T"],
 ) -> Bool[Tensor, "B T"]:
-    r"""The whole rejection test in one pass: :math:`\mathrm{acc} = \big(u < e^{\min(0, \log\rho - \log M)}\big)
-    \vee (\log\rho = 0)` (released form, ``in_topk=None``).
+    r"""The whole rejection test in one pass: $\mathrm{acc} = \big(u < e^{\min(0, \log\rho - \log M)}\big)
+    \vee (\log\rho = 0)$ (released form, ``in_topk=None``).
 
     Identical to ``sis_accept(sis_acceptance_prob(logp, logp_old, cur_topk_logp, old_topk_logp, in_topk), u)``
-    for ``u`` in [0, 1) (same arithmetic for :math:`a`); with ``in_topk`` given, the earlier
-    top-K variant :math:`I \wedge (u < a)`. Use it when only the outcome is needed (the trainer
+    for ``u`` in [0, 1) (same arithmetic for $a$); with ``in_topk`` given, the earlier
+    top-K variant $I \wedge (u < a)$. Use it when only the outcome is needed (the trainer
     hook); no gradient.
 
     Args:
-        logp, logp_old, cur_topk_logp, old_topk_logp, in_topk: as :func:`sis_acceptance_prob`
+        logp, logp_old, cur_topk_logp, old_topk_logp, in_topk: as `sis_acceptance_prob`
             (``in_topk`` positional: ``None`` for the released test).
-        u: ``[B, T]`` i.i.d. Uniform(0, 1) draws (see :func:`sis_accept`).
+        u: ``[B, T]`` i.i.d. Uniform(0, 1) draws (see `sis_accept`).
 
     Returns:
         ``[B, T]`` boolean, the accepted tokens.
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[0.5, 0.2]])); lo = torch.log(torch.tensor([[0.25, 0.4]]))
         >>> cur = torch.log(torch.tensor([[[0.5, 0.3], [0.2, 0.8]]]))
         >>> old = torch.log(torch.tensor([[[0.25, 0.75], [0.4, 0.6]]]))
@@ -216,12 +217,12 @@ def sis_rejection_test(
 
 
 def sis_accept(accept_prob: Float[Tensor, "B T"], u: Float[Tensor, "B T"]) -> Bool[Tensor, "B T"]:
-    r""":math:`\mathrm{acc} = \mathbb 1[u < a]` with ``u`` i.i.d. Uniform(0, 1) drawn by the caller.
+    r"""$\mathrm{acc} = \mathbb 1[u < a]$ with ``u`` i.i.d. Uniform(0, 1) drawn by the caller.
 
     Draw ``u`` from a dedicated ``torch.Generator`` (seeded per step and mini-batch) so that SIS does
     not shift any other random stream.
 
-    Example:
+    Examples:
         >>> sis_accept(torch.tensor([[0.5, 1.0, 0.0]]), torch.tensor([[0.6, 0.99, 0.0]])).tolist()
         [[False, True, False]]
     """
@@ -236,15 +237,16 @@ def sis_logp_old(
 ) -> Float[Tensor, "B T"]:
     r"""Effective behaviour log-probs that turn any ratio-based loss into its SIS version.
 
-    .. math::
-        \ell^{sis}_{bt} = \begin{cases}\mathrm{sg}(\ell_{bt}) & \mathrm{acc}_{bt}\\
-        \ell^{old}_{bt} & \text{otherwise}\end{cases}
-        \quad\Rightarrow\quad \tilde\rho_{bt} = e^{\ell_{bt} - \ell^{sis}_{bt}} \in \{1\}\cup\{\rho_{bt}\}
+    $$
+    \ell^{sis}_{bt} = \begin{cases}\mathrm{sg}(\ell_{bt}) & \mathrm{acc}_{bt}\\
+    \ell^{old}_{bt} & \text{otherwise}\end{cases}
+    \quad\Rightarrow\quad \tilde\rho_{bt} = e^{\ell_{bt} - \ell^{sis}_{bt}} \in \{1\}\cup\{\rho_{bt}\}
+    $$
 
-    On accepted tokens the ratio has value exactly 1 and gradient :math:`\nabla\ell`, so a PPO clip
+    On accepted tokens the ratio has value exactly 1 and gradient $\nabla\ell$, so a PPO clip
     is never active there ("clip-less"); rejected tokens keep the ordinary ratio.
 
-    Example:
+    Examples:
         >>> lp = torch.tensor([[-1.0, -2.0]]); lo = torch.tensor([[-1.5, -1.0]])
         >>> sis_logp_old(lp, lo, torch.tensor([[True, False]])).tolist()
         [[-1.0, -1.0]]
@@ -267,22 +269,23 @@ def sis_divergence(
 ) -> tuple[Float[Tensor, " B"], Float[Tensor, " B"]]:
     r"""Per-sequence divergences ``(D_orig, D_sis)`` in the released form, no gradient.
 
-    .. math::
-        c_{bt} = \big|\mathrm{clip}(\log\rho_{bt}, \log(1-\epsilon_{low}), \log(1+\epsilon_{high}))\big|,\qquad
-        D^{orig}_b = \frac{1}{L_b}\sum_t m_{bt}\big(\mathrm{acc}_{bt}|\log\rho_{bt}| + (1-\mathrm{acc}_{bt})c_{bt}\big),\qquad
-        D^{sis}_b = \frac{1}{L_b}\sum_t m_{bt}(1-\mathrm{acc}_{bt})c_{bt}
+    $$
+    c_{bt} = \big|\mathrm{clip}(\log\rho_{bt}, \log(1-\epsilon_{low}), \log(1+\epsilon_{high}))\big|,\qquad
+    D^{orig}_b = \frac{1}{L_b}\sum_t m_{bt}\big(\mathrm{acc}_{bt}|\log\rho_{bt}| + (1-\mathrm{acc}_{bt})c_{bt}\big),\qquad
+    D^{sis}_b = \frac{1}{L_b}\sum_t m_{bt}(1-\mathrm{acc}_{bt})c_{bt}
+    $$
 
-    with :math:`L_b = \max(1, \sum_t m_{bt})`: the mean absolute log-ratio a sequence's update
+    with $L_b = \max(1, \sum_t m_{bt})$: the mean absolute log-ratio a sequence's update
     sees (rejected tokens' ratios are clipped by PPO, accepted ones count in full without SIS and
-    as 0 with it). The released trainer logs their batch means. :math:`D^{sis} \le D^{orig}`.
-    The earlier reconstruction used unclipped sums :math:`\sum_t m|\log\rho|` (and the same with
-    :math:`1-\mathrm{acc}`), the quantity in the bound :math:`|\prod_t\tilde\rho_t - 1| \le e^{D} - 1`.
+    as 0 with it). The released trainer logs their batch means. $D^{sis} \le D^{orig}$.
+    The earlier reconstruction used unclipped sums $\sum_t m|\log\rho|$ (and the same with
+    $1-\mathrm{acc}$), the quantity in the bound $|\prod_t\tilde\rho_t - 1| \le e^{D} - 1$.
 
     Args:
         logp, logp_old: ``[B, T]``. accepted, mask: ``[B, T]`` boolean.
-        clip_low, clip_high: the PPO range of the rejected tokens (:math:`\epsilon_{low} \ge 1`: no lower clip).
+        clip_low, clip_high: the PPO range of the rejected tokens ($\epsilon_{low} \ge 1$: no lower clip).
 
-    Example:
+    Examples:
         >>> d = sis_divergence(torch.tensor([[0.1, -0.3]]), torch.zeros(1, 2),
         ...                    torch.tensor([[True, False]]), torch.ones(1, 2, dtype=torch.bool))
         >>> [round(float(x), 4) for x in (d[0][0], d[1][0])]
@@ -315,10 +318,11 @@ def sis_loss(
 ) -> tuple[Float[Tensor, "B T"], SISDiagnostics]:
     r"""GRPO/PPO + SIS per-token loss: accepted tokens on-policy and unclipped, rejected ones PPO-clipped.
 
-    .. math::
-        \ell_{bt} = \mathrm{acc}_{bt}\big(-A_b e^{\ell_{bt} - \mathrm{sg}(\ell_{bt})}\big)
-        + (1-\mathrm{acc}_{bt})\max\big(-A_b\rho_{bt},\,
-        -A_b\,\mathrm{clip}(\rho_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+    $$
+    \ell_{bt} = \mathrm{acc}_{bt}\big(-A_b e^{\ell_{bt} - \mathrm{sg}(\ell_{bt})}\big)
+    + (1-\mathrm{acc}_{bt})\max\big(-A_b\rho_{bt},\,
+    -A_b\,\mathrm{clip}(\rho_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+    $$
 
     (*reconstructed* plug-in form). Equal to ``clipped_ratio_loss(logp, sis_logp_old(logp, logp_old,
     accepted), ...)``, computed as ``clipped_ratio_loss(..., on_policy=accepted)`` (the substitution is
@@ -328,7 +332,7 @@ def sis_loss(
     Args:
         logp: ``[B, T]`` current-policy log-probs (gradient). logp_old: ``[B, T]`` behaviour log-probs.
         advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]`` boolean response mask.
-        accepted: ``[B, T]`` boolean outcome of the rejection test (:func:`sis_accept`).
+        accepted: ``[B, T]`` boolean outcome of the rejection test (`sis_accept`).
         clip_low, clip_high, dual_clip: PPO-clip settings applied to rejected tokens.
         divergence: also compute ``d_orig``/``d_sis`` (three extra passes; None when False).
 
@@ -336,12 +340,12 @@ def sis_loss(
         ``(loss [B, T], SISDiagnostics)``; masked positions are 0.
 
     Raises:
-        ShapeError, DomainError: as :func:`~posttrain.estimators.clipped_ratio_loss`.
+        ShapeError, DomainError: as `clipped_ratio_loss`.
 
     References:
         Li et al. 2026 (arXiv:2607.04728); Schulman et al. 2017 (arXiv:1707.06347).
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[1.5, 1.5]])); m = torch.ones(1, 2, dtype=torch.bool)
         >>> loss, d = sis_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), m, torch.tensor([[True, False]]))
         >>> loss[0].tolist(), float(d.accept_rate)
@@ -374,7 +378,7 @@ def _diagnostics(
     divergence: bool,
     clip_range: tuple[float, float],
 ) -> SISDiagnostics:
-    """Accept rate over the mask and, when asked, :func:`sis_divergence` at ``clip_range`` (no gradient)."""
+    """Accept rate over the mask and, when asked, `sis_divergence` at ``clip_range`` (no gradient)."""
     with torch.no_grad():
         dt = clip.clip_frac.dtype
         rate = (accepted & mask).count_nonzero().to(dt) / mask.count_nonzero().clamp(min=1).to(dt)
@@ -398,16 +402,18 @@ def sis_gspo_loss(
 ) -> tuple[Float[Tensor, "B T"], SISDiagnostics]:
     r"""GSPO + SIS as released: the sequence ratio over the rejected tokens; accepted tokens ratio 1, unclipped.
 
-    .. math::
-        \log s^{rej}_b = \frac{\sum_t m_{bt}(1-\mathrm{acc}_{bt})\log\rho_{bt}}{\max(1, \sum_t m_{bt}(1-\mathrm{acc}_{bt}))},\qquad
-        s_{bt} = \exp\big(\min(10, \mathrm{sg}(\log s^{rej}_b) + \ell_{bt} - \mathrm{sg}(\ell_{bt}))\big)
+    $$
+    \log s^{rej}_b = \frac{\sum_t m_{bt}(1-\mathrm{acc}_{bt})\log\rho_{bt}}{\max(1, \sum_t m_{bt}(1-\mathrm{acc}_{bt}))},\qquad
+    s_{bt} = \exp\big(\min(10, \mathrm{sg}(\log s^{rej}_b) + \ell_{bt} - \mathrm{sg}(\ell_{bt}))\big)
+    $$
 
-    .. math::
-        \ell_{bt} = \mathrm{acc}_{bt}\big(-A_b e^{\ell_{bt} - \mathrm{sg}(\ell_{bt})}\big)
-        + (1-\mathrm{acc}_{bt})\max\big(-A_b s_{bt},\,-A_b\,\mathrm{clip}(s_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+    $$
+    \ell_{bt} = \mathrm{acc}_{bt}\big(-A_b e^{\ell_{bt} - \mathrm{sg}(\ell_{bt})}\big)
+    + (1-\mathrm{acc}_{bt})\max\big(-A_b s_{bt},\,-A_b\,\mathrm{clip}(s_{bt}, 1-\epsilon_{low}, 1+\epsilon_{high})\big)
+    $$
 
     Aggregate with ``seq-mean-token-mean`` (as GSPO). With ``accepted`` all False this is exactly
-    :func:`~posttrain.estimators.gspo_loss`; with ``accepted`` all True it is on-policy GRPO with
+    `gspo_loss`; with ``accepted`` all True it is on-policy GRPO with
     sequence-mean aggregation. The earlier reconstruction, ``gspo_loss(logp, sis_logp_old(...))``,
     averaged the log-ratios over all tokens (accepted ones contributing 0) and clipped every token,
     so an accepted token lost its gradient whenever its sequence's ratio left the clip range.
@@ -417,7 +423,7 @@ def sis_gspo_loss(
         advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]`` boolean response mask.
         accepted: ``[B, T]`` boolean outcome of the rejection test.
         clip_low, clip_high: GSPO's clip range (the paper's 3e-4 / 4e-4) on the rejected tokens.
-        divergence: also compute ``d_orig``/``d_sis`` (:func:`sis_divergence` at the released
+        divergence: also compute ``d_orig``/``d_sis`` (`sis_divergence` at the released
             trainer's PPO range 0.2 / 0.2).
 
     Returns:
@@ -426,7 +432,7 @@ def sis_gspo_loss(
     References:
         Li et al. 2026 (arXiv:2607.04728) and its released code; Zheng et al. 2025, GSPO (arXiv:2507.18071).
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[2.0, 1.0, 1.5]])); m = torch.ones(1, 3, dtype=torch.bool)
         >>> loss, d = sis_gspo_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), m, torch.tensor([[True, False, False]]))
         >>> [round(x, 4) for x in loss[0].tolist()]
@@ -450,7 +456,7 @@ def sis_gspo_loss(
 
 
 def _token_policy_loss(weight: Tensor, logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
-    """:math:`-A w e^{\\ell - \\mathrm{sg}(\\ell)}`: value :math:`-Aw`, gradient :math:`-Aw\\nabla\\ell`; 0 off mask."""
+    """$-A w e^{\\ell - \\mathrm{sg}(\\ell)}$: value $-Aw$, gradient $-Aw\\nabla\\ell$; 0 off mask."""
     lp = _zero_off_mask(logp, mask)  # masked -inf/NaN would give NaN in exp's gradient (0 * NaN)
     loss = -(_zero_off_mask(adv, mask) * _zero_off_mask(weight.detach(), mask)) * torch.exp(lp - lp.detach())
     return _zero_off_mask(loss, mask)
@@ -465,19 +471,19 @@ def truncated_is_loss(
     *,
     cap: float = 2.0,
 ) -> Float[Tensor, "B T"]:
-    r"""Truncated token IS: :math:`\ell = -A\,\mathrm{sg}(\min(\rho, C))\,e^{\ell-\mathrm{sg}(\ell)}` per token.
+    r"""Truncated token IS: $\ell = -A\,\mathrm{sg}(\min(\rho, C))\,e^{\ell-\mathrm{sg}(\ell)}$ per token.
 
-    Value :math:`-A\min(\rho, C)`, gradient :math:`-A\min(\rho, C)\nabla\ell` (the weight is
+    Value $-A\min(\rho, C)$, gradient $-A\min(\rho, C)\nabla\ell$ (the weight is
     truncated, never zeroed, unlike the PPO clip). A baseline for SIS.
 
     Args:
         logp, logp_old: ``[B, T]`` log-probs. advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]``.
-        cap: truncation level :math:`C > 0`.
+        cap: truncation level $C > 0$.
 
     Returns:
         ``[B, T]`` loss, 0 on masked positions.
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[0.5, 3.0]])); m = torch.ones(1, 2, dtype=torch.bool)
         >>> truncated_is_loss(lp, torch.zeros_like(lp), torch.tensor([1.0]), m).tolist()
         [[-0.5, -2.0]]
@@ -495,11 +501,11 @@ def no_correction_loss(
     advantages: Float[Tensor, " B"] | Float[Tensor, "B T"],
     mask: Bool[Tensor, "B T"],
 ) -> Float[Tensor, "B T"]:
-    r"""No off-policy correction: ratio :math:`\equiv 1`, :math:`\ell = -A\,e^{\ell-\mathrm{sg}(\ell)}` per token.
+    r"""No off-policy correction: ratio $\equiv 1$, $\ell = -A\,e^{\ell-\mathrm{sg}(\ell)}$ per token.
 
     ``logp_old`` is validated but unused (the signature matches the other policy losses).
 
-    Example:
+    Examples:
         >>> lp = torch.tensor([[-1.0]]); m = torch.ones(1, 1, dtype=torch.bool)
         >>> no_correction_loss(lp, lp - 3.0, torch.tensor([2.0]), m).tolist()
         [[-2.0]]

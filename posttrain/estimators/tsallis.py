@@ -1,26 +1,25 @@
-r"""GARL and PAFT: Monte-Carlo gradient estimators of the Tsallis loss :math:`\ell_q(P) = -\ln_q P`.
+r"""GARL and PAFT: Monte-Carlo gradient estimators of the Tsallis loss $\ell_q(P) = -\ln_q P$.
 
-Per prompt, M traces :math:`z_m` are sampled from the policy; each carries a detached weight
-:math:`w_m = p(y^*\mid x, z_m)` given in log space as ``log_w [G, M]`` (verifier setting:
-:math:`\log r\in\{0,-\infty\}`; likelihood setting: the summed answer-token log-probs). With
-:math:`\bar w = \frac1M\sum_m w_m = \exp(\mathrm{logsumexp}(\log w) - \log M)` and
-:math:`\rho_m = w_m/\bar w` (so :math:`\sum_m\rho_m = M`), everything is computed in these
+Per prompt, M traces $z_m$ are sampled from the policy; each carries a detached weight
+$w_m = p(y^*\mid x, z_m)$ given in log space as ``log_w [G, M]`` (verifier setting:
+$\log r\in\{0,-\infty\}$; likelihood setting: the summed answer-token log-probs). With
+$\bar w = \frac1M\sum_m w_m = \exp(\mathrm{logsumexp}(\log w) - \log M)$ and
+$\rho_m = w_m/\bar w$ (so $\sum_m\rho_m = M$), everything is computed in these
 normalised units, so tiny weights never underflow before they are combined:
 
-- **GARL** (*reconstructed*, spec 20 §3.5): trace weight
-  :math:`A_m = \bar w^{-q}(w_m - b_m) = \bar w^{1-q}\,\frac{M(\rho_m-1)}{M-1}` with the RLOO baseline
-  :math:`b_m = \frac1{M-1}\sum_{j\ne m}w_j` (``baseline="none"``: :math:`\bar w^{1-q}\rho_m`; M = 1 uses
-  b = 0), and answer-token (pathwise) weight :math:`\bar w^{-q}w_m = \bar w^{1-q}\rho_m`.
-- **PAFT** (*reconstructed*): resample S indices :math:`m^*_s\sim\mathrm{Cat}(\rho/M)` by inverse CDF
-  from the given uniforms; every token of trace m gets weight :math:`M\,\bar w^{1-q}c_m/S`
-  (:math:`c_m` = times m was drawn), whose expectation over the resampling is GARL's b = 0 weight.
+- **GARL** (*reconstructed*, docs: methods/tsallis.md): trace weight
+  $A_m = \bar w^{-q}(w_m - b_m) = \bar w^{1-q}\,\frac{M(\rho_m-1)}{M-1}$ with the RLOO baseline
+  $b_m = \frac1{M-1}\sum_{j\ne m}w_j$ (``baseline="none"``: $\bar w^{1-q}\rho_m$; M = 1 uses
+  b = 0), and answer-token (pathwise) weight $\bar w^{-q}w_m = \bar w^{1-q}\rho_m$.
+- **PAFT** (*reconstructed*): resample S indices $m^*_s\sim\mathrm{Cat}(\rho/M)$ by inverse CDF
+  from the given uniforms; every token of trace m gets weight $M\,\bar w^{1-q}c_m/S$
+  ($c_m$ = times m was drawn), whose expectation over the resampling is GARL's b = 0 weight.
 
-The per-token loss is :math:`-\mathrm{weight}\cdot\log\pi`, zero off the masks. Reduce it with
-``loss.sum() / (G * M)`` (``seq-mean-token-sum`` when no trace is empty): the surrogate of spec
-§3.5, whose gradient is :math:`-\hat g`. A prompt with :math:`\bar w = 0` (no success, or underflow)
+The per-token loss is $-\mathrm{weight}\cdot\log\pi$, zero off the masks. Reduce it with
+``loss.sum() / (G * M)`` (``seq-mean-token-sum`` when no trace is empty): the surrogate of the paper's §3.5, whose gradient is $-\hat g$. A prompt with $\bar w = 0$ (no success, or underflow)
 gets weight exactly 0, hence loss and gradient exactly 0, for every q in [0, 1]
-(:math:`0^{-q}` is never evaluated). Limits: q = 0 GARL is REINFORCE-RLOO on w; q = 1 GARL with
-b = 0 is the self-normalised (IWAE) gradient :math:`\sum_m \frac{w_m}{\sum_j w_j}\nabla\log[\pi p]`;
+($0^{-q}$ is never evaluated). Limits: q = 0 GARL is REINFORCE-RLOO on w; q = 1 GARL with
+b = 0 is the self-normalised (IWAE) gradient $\sum_m \frac{w_m}{\sum_j w_j}\nabla\log[\pi p]$;
 q = 1 PAFT is SFT on a posterior sample.
 
 References:
@@ -63,11 +62,11 @@ class TsallisWeights(NamedTuple):
     answer: Tensor
     """``[G, M]`` weight on each trace's answer-token log-probs (the pathwise term)."""
     log_w_bar: Tensor
-    """``[G]`` :math:`\\log\\bar w` (``-inf`` where every weight is 0), after the optional clamp."""
+    """``[G]`` $\\log\\bar w$ (``-inf`` where every weight is 0), after the optional clamp."""
     amplification: Tensor
-    """``[G]`` the per-prompt factor applied: :math:`\\bar w^{-q}` (GARL) or :math:`\\bar w^{1-q}` (PAFT); 0 where :math:`\\bar w=0`."""
+    """``[G]`` the per-prompt factor applied: $\\bar w^{-q}$ (GARL) or $\\bar w^{1-q}$ (PAFT); 0 where $\\bar w=0$."""
     clamped: Tensor
-    """``[G]`` bool, where :math:`\\log\\bar w` was raised to ``log_w_min``."""
+    """``[G]`` bool, where $\\log\\bar w$ was raised to ``log_w_min``."""
 
 
 def _check_log_w(log_w: Tensor, q: float) -> None:
@@ -80,11 +79,11 @@ def _check_log_w(log_w: Tensor, q: float) -> None:
 
 
 def log_mean_weight(log_w: Float[Tensor, "G M"], *, log_w_min: float | None = None) -> tuple[Tensor, Tensor]:
-    r""":math:`\log\bar w = \mathrm{logsumexp}_m \log w_m - \log M` per prompt, optionally clamped below.
+    r"""$\log\bar w = \mathrm{logsumexp}_m \log w_m - \log M$ per prompt, optionally clamped below.
 
     Returns ``(log_w_bar [G], clamped [G])``; all-zero weights give ``-inf`` (never clamped).
 
-    Example:
+    Examples:
         >>> lw, _ = log_mean_weight(torch.log(torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])))
         >>> lw.exp().tolist()
         [0.5, 0.0]
@@ -98,7 +97,7 @@ def log_mean_weight(log_w: Float[Tensor, "G M"], *, log_w_min: float | None = No
 
 
 def _normalised(log_w: Tensor, log_w_bar: Tensor, power: float) -> tuple[Tensor, Tensor]:
-    """``(rho [G, M], wbar^power [G])`` with zeros (not NaN) where :math:`\\bar w = 0`."""
+    """``(rho [G, M], wbar^power [G])`` with zeros (not NaN) where $\\bar w = 0$."""
     alive = log_w_bar > -math.inf
     zero = torch.zeros((), dtype=log_w.dtype, device=log_w.device)
     safe_bar = torch.where(alive, log_w_bar, zero)
@@ -113,21 +112,22 @@ def garl_weights(
     baseline: Literal["rloo", "none"] = "rloo",
     log_w_min: float | None = None,
 ) -> TsallisWeights:
-    r"""GARL trace and answer weights :math:`\bar w^{-q}(w_m - b_m)` and :math:`\bar w^{-q} w_m` (see module docstring).
+    r"""GARL trace and answer weights $\bar w^{-q}(w_m - b_m)$ and $\bar w^{-q} w_m$ (see module docstring).
 
     Args:
         log_w: ``[G, M]`` detached log-weights (``-inf`` = weight 0).
         q: Tsallis parameter in [0, 1]; q = 0 is RLVR/RLOO, q = 1 the marginal likelihood.
         baseline: ``"rloo"`` (leave-one-out mean of w; b = 0 when M = 1) or ``"none"``.
-        log_w_min: optional lower clamp on :math:`\log\bar w` (e.g. ``log(1e-30)``).
+        log_w_min: optional lower clamp on $\log\bar w$ (e.g. ``log(1e-30)``).
 
     Returns:
-        :class:`TsallisWeights` (``amplification`` = :math:`\bar w^{-q}`).
+        `TsallisWeights` (``amplification`` = $\bar w^{-q}$).
 
     Raises:
-        ShapeError: ``log_w`` not a 2-d float tensor. DomainError: q outside [0, 1], NaN/+inf weights, bad baseline.
+        ShapeError: ``log_w`` not a 2-d float tensor.
+        DomainError: q outside [0, 1], NaN/+inf weights, bad baseline.
 
-    Example:
+    Examples:
         >>> w = garl_weights(torch.log(torch.tensor([[1.0, 0.0, 0.0, 0.0]])), q=0.0)
         >>> [round(x, 4) for x in w.trace[0].tolist()]  # RLOO advantages of r = (1, 0, 0, 0)
         [1.0, -0.3333, -0.3333, -0.3333]
@@ -152,21 +152,21 @@ def garl_weights(
 def paft_weights(
     log_w: Float[Tensor, "G M"], uniforms: Float[Tensor, "G S"], *, q: float, log_w_min: float | None = None
 ) -> TsallisWeights:
-    r"""PAFT weights :math:`M\,\bar w^{1-q} c_m / S` from S posterior resamples drawn with ``uniforms``.
+    r"""PAFT weights $M\,\bar w^{1-q} c_m / S$ from S posterior resamples drawn with ``uniforms``.
 
-    Index :math:`m^*_s` is the smallest m with :math:`\sum_{j\le m}\rho_j/M > u_s` (with replacement);
-    its expectation over uniform ``uniforms`` is GARL's b = 0 weight :math:`\bar w^{-q}w_m`.
+    Index $m^*_s$ is the smallest m with $\sum_{j\le m}\rho_j/M > u_s$ (with replacement);
+    its expectation over uniform ``uniforms`` is GARL's b = 0 weight $\bar w^{-q}w_m$.
 
     Args:
         log_w: ``[G, M]`` detached log-weights.
         uniforms: ``[G, S]`` numbers in [0, 1), S >= 1 resamples per prompt.
         q: Tsallis parameter in [0, 1].
-        log_w_min: optional lower clamp on :math:`\log\bar w`.
+        log_w_min: optional lower clamp on $\log\bar w$.
 
     Returns:
-        :class:`TsallisWeights` with ``trace == answer`` and ``amplification`` = :math:`\bar w^{1-q}`.
+        `TsallisWeights` with ``trace == answer`` and ``amplification`` = $\bar w^{1-q}$.
 
-    Example:
+    Examples:
         >>> lw = torch.log(torch.tensor([[0.0, 1.0, 1.0, 0.0]]))
         >>> paft_weights(lw, torch.tensor([[0.1, 0.9]]), q=1.0).trace.tolist()  # one draw each of traces 1 and 2
         [[0.0, 2.0, 2.0, 0.0]]
@@ -213,19 +213,19 @@ def garl_loss(
     baseline: Literal["rloo", "none"] = "rloo",
     log_w_min: float | None = None,
 ) -> tuple[Float[Tensor, "B T"], TsallisWeights]:
-    r"""GARL per-token loss :math:`-A_m\log\pi` on trace tokens and :math:`-\bar w^{-q}w_m\log\pi` on answer tokens.
+    r"""GARL per-token loss $-A_m\log\pi$ on trace tokens and $-\bar w^{-q}w_m\log\pi$ on answer tokens.
 
     Args:
         logp: ``[B, T]`` token log-probs with gradient, ``B = G*M`` rows in row-major (prompt, trace) order.
         mask: ``[B, T]`` trace tokens.
         log_w: ``[G, M]`` detached log-weights.
-        q, baseline, log_w_min: see :func:`garl_weights`.
+        q, baseline, log_w_min: see `garl_weights`.
         answer_mask: ``[B, T]`` answer tokens (likelihood setting), or None (verifier setting).
 
     Returns:
         ``(loss [B, T], TsallisWeights)``; reduce with ``loss.sum() / B``. Exactly 0 where a weight is 0.
 
-    Example:
+    Examples:
         >>> lp = torch.log(torch.tensor([[0.5], [0.25]]))
         >>> loss, _ = garl_loss(lp, torch.ones(2, 1, dtype=torch.bool), torch.log(torch.tensor([[1.0, 0.0]])), q=0.0)
         >>> [round(x, 4) for x in loss[:, 0].tolist()]  # -(w_m - b_m) log pi
@@ -246,9 +246,9 @@ def paft_loss(
     answer_mask: Bool[Tensor, "B T"] | None = None,
     log_w_min: float | None = None,
 ) -> tuple[Float[Tensor, "B T"], TsallisWeights]:
-    r"""PAFT per-token loss :math:`-M\bar w^{1-q}\frac{c_m}{S}\log\pi` on trace and answer tokens (SFT on resamples).
+    r"""PAFT per-token loss $-M\bar w^{1-q}\frac{c_m}{S}\log\pi$ on trace and answer tokens (SFT on resamples).
 
-    Same layout and reduction as :func:`garl_loss`; ``uniforms [G, S]`` drive the resampling.
+    Same layout and reduction as `garl_loss`; ``uniforms [G, S]`` drive the resampling.
     """
     weights = paft_weights(log_w, uniforms, q=q, log_w_min=log_w_min)
     return _weighted_token_loss(logp, mask, weights, answer_mask), weights
@@ -265,11 +265,11 @@ def _log_rewards(rewards: Tensor) -> Tensor:
 def garl_advantages(
     rewards: Float[Tensor, "G K"], *, q: float, baseline: Literal["rloo", "none"] = "rloo"
 ) -> Float[Tensor, "G K"]:
-    r"""GARL trace weights for non-negative rewards (verifier setting, :math:`w = r`): :math:`\bar r^{-q}(r_k - b_k)`.
+    r"""GARL trace weights for non-negative rewards (verifier setting, $w = r$): $\bar r^{-q}(r_k - b_k)$.
 
     Use with an on-policy REINFORCE surrogate and ``seq-mean-token-sum`` aggregation.
 
-    Example:
+    Examples:
         >>> garl_advantages(torch.tensor([[1.0, 0.0]]), q=1.0).tolist()  # (1/2)^{-1} * (r - b)
         [[2.0, -2.0]]
     """

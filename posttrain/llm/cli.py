@@ -1,4 +1,4 @@
-"""``posttrain train`` and ``posttrain eval``: typer command functions registered in :mod:`posttrain.cli`.
+"""``posttrain train`` and ``posttrain eval``: typer command functions registered in `posttrain.cli`.
 
 Module-level imports stay light (typer, rich); torch/transformers load inside the commands so
 ``posttrain --help`` stays fast.
@@ -94,7 +94,7 @@ def es_command(
 
 
 def _es_with_progress(cfg: Any, run_dir: Path, *, overwrite: bool, show: bool) -> Any:
-    """:func:`~posttrain.llm.es.trainer.es_from_config` with a rich progress bar over the ES steps."""
+    """`es_from_config` with a rich progress bar over the ES steps."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from posttrain.llm.run import es_from_config

@@ -2,7 +2,7 @@
 
 Unknown keys and unknown names (method, advantage, loss, KL, aggregation, task, engine,
 optimizer, scheduler, ``logging.eval_metric``) fail at load with the list of valid ones. Every option
-mapping is checked at load against what it configures (:data:`OPTION_TARGETS`: the task's fields, the
+mapping is checked at load against what it configures (`OPTION_TARGETS`: the task's fields, the
 loss's and advantage's keyword parameters, the optimizer's constructor, the tiny model's fields), names
 and the types of their annotated scalars, before anything is built. Numbers must be finite (NaN and
 inf are refused everywhere). ``--set section.key=value`` overrides are applied to the raw mapping
@@ -63,10 +63,10 @@ __all__ = [
 ENGINES = ("hf", "vllm")
 SCHEDULERS = ("constant", "linear", "cosine")
 STRATEGIES = ("ddp", "fsdp")
-"""``distributed.strategy``: the wrappers of :mod:`posttrain.llm.train.parallel`."""
+"""``distributed.strategy``: the wrappers of `posttrain.llm.train.parallel`."""
 MODEL_OPTIMIZERS = ("MuonWithAdamW",)
 """Optimizers built from the model (they need parameter names), not only its parameters
-(:data:`posttrain.llm.train.optim.MODEL_OPTIMIZERS` maps each to its class)."""
+(`posttrain.llm.train.optim.MODEL_OPTIMIZERS` maps each to its class)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (less memory, one more forward)."""
     lora: LoraConfig | None = None
-    """LoRA adapters through peft (:class:`~posttrain.llm.policy.LoraConfig`); null: full fine-tuning."""
+    """LoRA adapters through peft (`LoraConfig`); null: full fine-tuning."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class RolloutConfig:
     branching: BranchingConfig | None = None
 
     def sampling(self) -> SamplingConfig:
-        """The engines' :class:`~posttrain.llm.rollout.engine.SamplingConfig` of these fields (validated there)."""
+        """The engines' `SamplingConfig` of these fields (validated there)."""
         return SamplingConfig(self.max_new_tokens, self.temperature, self.top_p, self.top_k)
 
 
@@ -274,7 +274,7 @@ def parse_scalar(where: str, value: Any, tp: Any) -> Any:
 
 def from_mapping(cls: type[T], raw: Mapping[str, Any], where: str) -> T:
     """A frozen dataclass from a parsed YAML mapping: unknown keys fail naming the valid ones, sections
-    (dataclass-typed fields) recurse, scalars are checked by :func:`parse_scalar`; ``where`` prefixes errors."""
+    (dataclass-typed fields) recurse, scalars are checked by `parse_scalar`; ``where`` prefixes errors."""
     if not isinstance(raw, Mapping):
         raise DomainError(f"{where or 'config'}: expected a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
@@ -295,7 +295,7 @@ _SCALARS = (int, float, bool, str)
 
 
 def _scalar_hint(tp: Any) -> Any:
-    """``tp`` when it is a scalar annotation (``int``, ``float | None``, ...) that :func:`parse_scalar` checks, else None."""
+    """``tp`` when it is a scalar annotation (``int``, ``float | None``, ...) that `parse_scalar` checks, else None."""
     args = (
         [a for a in typing.get_args(tp) if a is not type(None)]
         if typing.get_origin(tp) in (typing.Union, types.UnionType)
@@ -325,7 +325,7 @@ def check_options(where: str, target: Any, options: Mapping[str, Any], *, skip: 
     ``bool``, ``str``, optionally ``| None``) are type-checked; NaN and inf are refused anywhere.
     ``skip``: parameters the caller passes itself (e.g. an optimizer's ``params`` and ``lr``).
 
-    Example:
+    Examples:
         >>> from posttrain.llm.rollout.tasks import Multiple
         >>> check_options("data.options", Multiple, {"high": 9})
         >>> check_options("data.options", Multiple, {"hihg": 9})
@@ -336,7 +336,7 @@ def check_options(where: str, target: Any, options: Mapping[str, Any], *, skip: 
     skipped = set(skip)
     try:
         hints = typing.get_type_hints(
-            target.__init__ if isinstance(target, type) and not dataclasses.is_dataclass(target) else target
+            target.__init__ if isinstance(target, type) and not dataclasses.is_dataclass(target) else target  # type: ignore[misc]
         )
     except Exception:  # unresolvable annotations (e.g. a third-party class): names only
         hints = {}
@@ -387,8 +387,8 @@ OPTION_TARGETS: tuple[tuple[str, Callable[[RunConfig], Any], tuple[str, ...]], .
     ("optim.options", _optimizer_class, ("params", "lr", "model")),
 )
 """``(key, what it configures, parameters the caller passes)`` of every option mapping checked at load by
-:func:`check_options` (the algorithm's mappings are checked against the resolved loss / advantage /
-method factory in :func:`_check_algorithm`). A new section with an option mapping adds its row here."""
+`check_options` (the algorithm's mappings are checked against the resolved loss / advantage /
+method factory in `_check_algorithm`). A new section with an option mapping adds its row here."""
 
 
 def _section_value(cfg: RunConfig, key: str) -> Any:
@@ -397,7 +397,7 @@ def _section_value(cfg: RunConfig, key: str) -> Any:
 
 
 def algorithm_of(cfg: RunConfig) -> Any:
-    """The :class:`~posttrain.llm.methods.algorithm.Algorithm` bundle of ``cfg.algorithm`` (pure Python, no model)."""
+    """The `Algorithm` bundle of ``cfg.algorithm`` (pure Python, no model)."""
     from posttrain.llm.methods.catalog import build_algorithm
 
     a = cfg.algorithm
@@ -579,7 +579,7 @@ def _validate_stages(r: RolloutConfig) -> None:
 
 
 def config_from_dict(raw: Mapping[str, Any] | None) -> RunConfig:
-    """A validated :class:`RunConfig` from a plain mapping (missing keys take their defaults)."""
+    """A validated `RunConfig` from a plain mapping (missing keys take their defaults)."""
     return validate_names(from_mapping(RunConfig, raw or {}, ""))
 
 
@@ -591,7 +591,7 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 def apply_overrides(raw: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings to a raw mapping; values are parsed with ``yaml.safe_load``.
 
-    Example:
+    Examples:
         >>> apply_overrides({"optim": {"lr": 0.1}}, ["optim.lr=0.001", "algorithm.method=rloo"])
         {'optim': {'lr': 0.001}, 'algorithm': {'method': 'rloo'}}
     """

@@ -1,13 +1,13 @@
 """The trainable policy as TRL users configure it: LoRA adapters through ``peft`` and gradient checkpointing.
 
-- ``model.lora`` (:class:`LoraConfig`): :func:`prepare_policy` wraps the loaded model with
+- ``model.lora`` (`LoraConfig`): `prepare_policy` wraps the loaded model with
   ``peft.get_peft_model`` so only the low-rank adapters ``B A`` (scaled by ``alpha / r``) of the target
   linear layers train; the base weights stay frozen.
 - ``model.gradient_checkpointing``: activations of each decoder layer are recomputed in the backward
   pass (``use_reentrant=False``, so frozen inputs and LoRA both get gradients); ``config.use_cache`` is
   switched off for training (the training forward passes ``use_cache=False`` itself).
 
-Checkpoints (:func:`save_policy`, :func:`load_policy_weights`): a LoRA policy's ``model/`` holds the
+Checkpoints (`save_policy`, `load_policy_weights`): a LoRA policy's ``model/`` holds the
 adapter (``adapter_config.json`` + ``adapter_model.safetensors``, ``save: adapter``) or the merged full
 weights, loadable with plain ``from_pretrained``, with the adapter in ``model/adapter/`` for resuming
 (``save: merged``). ``AutoModelForCausalLM.from_pretrained`` on an adapter directory loads the base model

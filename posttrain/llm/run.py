@@ -1,7 +1,7 @@
 """Assembling a run from a config: model, SFT warm-up, reference/teacher, engine, algorithm, trainer.
 
 This is the config edge: names are resolved here (engine factories, the algorithm bundle, the
-task) and nowhere in the loop. Directory layout of a run::
+task) and nowhere in the loop. Directory layout of a run:
 
     out/config.yaml       the resolved config (written first, atomically; a resume's changes as comments)
     out/tiny/             the built tiny model (when model.path is null)
@@ -10,7 +10,7 @@ task) and nowhere in the loop. Directory layout of a run::
     out/metrics.jsonl     one JSON object per step
     out/checkpoints/      step_NNNNNN/ (atomic + checksums)
 
-A directory belongs to one run (:mod:`posttrain.llm.train.rundir`): training into one that holds a run
+A directory belongs to one run (`posttrain.llm.train.rundir`): training into one that holds a run
 needs ``resume`` (same config, except the keys of ``RESUMABLE_KEYS``) or ``overwrite``.
 """
 
@@ -60,7 +60,7 @@ __all__ = ["ENGINE_FACTORIES", "build_stages", "build_trainer", "es_from_config"
 
 def load_model(path: str | Path, cfg: RunConfig) -> tuple[Any, Any]:
     """``AutoModelForCausalLM`` and ``AutoTokenizer`` from a local directory, a hub id, or a model name
-    registered in :mod:`posttrain.llm.tools.models` (its prepared directory)."""
+    registered in `posttrain.llm.tools.models` (its prepared directory)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posttrain.llm.tools.models import resolve_model_path
@@ -161,11 +161,11 @@ def build_trainer(
     engine: RolloutEngine | None = None,
     on_sft_step: Callable[[int, float], None] | None = None,
 ) -> Trainer:
-    """Everything a run needs, ready to :meth:`~posttrain.llm.train.trainer.Trainer.fit`.
+    """Everything a run needs, ready to `fit`.
 
     ``out_dir`` must be new or empty unless ``resume`` (continue the run in it; the config may differ only
-    in :data:`~posttrain.llm.train.rundir.RESUMABLE_KEYS`) or ``overwrite`` (remove its run first); else
-    :class:`~posttrain.llm.train.rundir.RunDirError`. On a fresh run: build or load the model, run the SFT
+    in `RESUMABLE_KEYS`) or ``overwrite`` (remove its run first); else
+    `RunDirError`. On a fresh run: build or load the model, run the SFT
     warm-up (``on_sft_step(step, loss)`` after each step; the losses also go to ``sft_metrics.jsonl``),
     save it atomically as ``out/initial``. On resume, ``out/initial`` is loaded and the newest intact
     checkpoint's weights replace the policy's.
@@ -264,7 +264,7 @@ def train(
 ) -> list[dict[str, Any]]:
     """Build the trainer and run it, with rich progress bars: the model build, the SFT warm-up (loss) and the
     RL steps (reward, KL, entropy); every step's metrics also go to the TensorBoard / W&B sinks the config
-    asks for (:mod:`posttrain.llm.train.sinks`)."""
+    asks for (`posttrain.llm.train.sinks`)."""
     show = cfg.logging.progress if progress is None else progress
     if not show:
         trainer = build_trainer(cfg, out_dir, resume=resume, overwrite=overwrite)
@@ -312,7 +312,7 @@ def grpo_then_es(
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
 
-    ``run_config`` is a :class:`~posttrain.llm.config.RunConfig` (its ``optim.steps`` are the GRPO
+    ``run_config`` is a `RunConfig` (its ``optim.steps`` are the GRPO
     half; ``rl_first=False`` skips it: ES from the SFT'd model); ES then runs ``es_config.steps`` on the
     same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step
     (``micro_batch`` of them per ``generate`` call).
@@ -337,7 +337,7 @@ def grpo_then_es(
 def es_from_config(
     cfg: Any, out_dir: str | Path, *, on_step: Callable[[EsStepLog], None] | None = None, overwrite: bool = False
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
-    """``posttrain es``: the config's ``es`` section (:class:`~posttrain.llm.config.EsConfig`) run by :func:`grpo_then_es`.
+    """``posttrain es``: the config's ``es`` section (`EsConfig`) run by `grpo_then_es`.
 
     Each ES step is appended to ``out_dir/es_metrics.jsonl`` (``step`` from 1, population
     ``reward_mean`` and ``reward_std``, ``noop``); RL steps (``es.after_rl``) go to ``metrics.jsonl`` as usual.

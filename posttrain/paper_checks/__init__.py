@@ -1,8 +1,8 @@
 """One check per paper: a claim, seeded experiments, a table and a verdict.
 
-Checks register a :class:`~posttrain.paper_checks.base.PaperCheck` in :data:`CHECKS` under the
-paper's two-digit id when their module is imported; :func:`load_all` imports every module listed
-in :data:`MODULES`. ``posttrain check`` runs them (see ``_harness.py``).
+Checks register a `PaperCheck` in `CHECKS` under the
+paper's two-digit id when their module is imported; `load_all` imports every module listed
+in `MODULES`. ``posttrain check`` runs them (see ``_harness.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ MODULES: list[str] = [
 
 
 def register_check(check: Any) -> Any:
-    """Register a :class:`PaperCheck` under its id (summary = its claim)."""
+    """Register a `PaperCheck` under its id (summary = its claim)."""
     CHECKS.add(check.id, check, paper=check.paper, summary=check.claim)
     return check
 

@@ -1,6 +1,6 @@
 """Pass criteria of the form "paired mean above m with at least a fraction f of the seeds positive".
 
-:func:`mean_and_seeds` turns one such criterion into the harness's comparisons: a mean criterion
+`mean_and_seeds` turns one such criterion into the harness's comparisons: a mean criterion
 (Student-t interval of the paired mean over seeds against ``mean_margin``) and, when the paper states
 a seed count, a fraction criterion (``d > 0`` in at least ``f`` of the seeds, binomial-tested).
 """

@@ -1,7 +1,7 @@
 """The paper-check harness behind ``posttrain check``: run, summarise, judge, write the report.
 
 For every selected check it builds the config (smoke or full, ``--seeds`` override), runs it with
-a rich progress bar, and turns the :class:`~posttrain.paper_checks.base.Result` into
+a rich progress bar, and turns the `Result` into
 
 - a row per metric: mean and its Student-t 95% interval over seeds beside the paper's value;
 - a row per comparison, asserted ones first, then the reported-only ones in a section of their own:
@@ -9,7 +9,7 @@ a rich progress bar, and turns the :class:`~posttrain.paper_checks.base.Result` 
   interval, the seeds clearing the margin, the criterion's one-sided p-value, and the status
   (pass / FAIL for asserted rows; "would pass" / "would fail" for reported ones);
 - a verdict: *reproduced* when every asserted criterion holds at level
-  :data:`~posttrain.paper_checks.base.ALPHA`, *not reproduced* otherwise (numbers shown), *error*
+  `ALPHA`, *not reproduced* otherwise (numbers shown), *error*
   when ``run`` raised or declared a malformed criterion (the message is kept; the other checks
   still run).
 
@@ -117,7 +117,7 @@ def summarise(result: Result) -> dict[str, Any]:
     """JSON-ready statistics of a result: per-metric mean and t interval, per-comparison criterion statistics.
 
     Raises:
-        DomainError: a malformed asserted criterion (see :func:`~posttrain.paper_checks.base.compare`).
+        DomainError: a malformed asserted criterion (see `compare`).
     """
     metrics = []
     for m in result.metrics:

@@ -1,9 +1,9 @@
-r"""The computations behind paper 20's checks (:mod:`posttrain.paper_checks.p20_tsallis`).
+r"""The computations behind paper 20's checks (`posttrain.paper_checks.p20_tsallis`).
 
-- 20a: relative errors of the escape-time formulas of :mod:`posttrain.theory.tsallis` against each
+- 20a: relative errors of the escape-time formulas of `posttrain.theory.tsallis` against each
   other (closed forms vs quadrature, model M2 vs M1, discrete gradient ascent vs the flow time).
 - 20b: the stochastic cold-start experiment: a K-armed softmax bandit with one rewarded arm
-  (:math:`p_0 = 1/K`) trained from uniform logits by the toy loop, with the methods the spec compares.
+  ($p_0 = 1/K$) trained from uniform logits by the toy loop, with the methods the paper compares.
 
 The paper file states the claims and turns these numbers into metrics and comparisons.
 """
@@ -37,7 +37,7 @@ def closed_form_error(p0s: Iterable[float], *, p_esc: float) -> float:
 
 
 def m2_error(ks: Iterable[int], qs: Iterable[float], *, p_esc: float) -> float:
-    """Max relative error of :math:`T_{M2}(1/K) = (K-1)/K\\, T_{M1}(1/K)` over ``ks`` x ``qs``."""
+    """Max relative error of $T_{M2}(1/K) = (K-1)/K\\, T_{M1}(1/K)$ over ``ks`` x ``qs``."""
     qs = tuple(qs)
     return max(
         abs(

@@ -1,8 +1,8 @@
 """Seed-wise pass criteria ("in every seed", "in >= 4/5 seeds") as comparisons.
 
 A criterion that must hold in at least a fraction ``f`` of the seeds is a
-:func:`~posttrain.paper_checks.base.fraction_criterion`: at least ``ceil(f n)`` seeds clear the margin
-and the exact binomial test against 1/2 rejects at the harness level. :func:`order_statistic` gives
+`fraction_criterion`: at least ``ceil(f n)`` seeds clear the margin
+and the exact binomial test against 1/2 rejects at the harness level. `order_statistic` gives
 the count part as one number: at least ``ceil(f n)`` values are ``>=`` it.
 """
 

@@ -7,12 +7,12 @@ A check module (one per paper, ``posttrain/paper_checks/pNN_<name>.py``) defines
   10 by default) and a ``smoke()`` classmethod returning the small variant that CI runs;
 - ``run(config) -> Result`` returning raw per-seed numbers; it neither prints nor asserts;
 - a registration ``register_check(PaperCheck(id="NN", ...))`` at import time, and an entry in
-  :data:`posttrain.paper_checks.MODULES`.
+  `posttrain.paper_checks.MODULES`.
 
-Every criterion is a :class:`Comparison` of per-seed *paired* differences (treatment - control on
+Every criterion is a `Comparison` of per-seed *paired* differences (treatment - control on
 the same seed, oriented so that larger supports the claim) against a margin declared and justified
-in the check. There are three kinds (:class:`Criterion`), all judged at one level, one-sided
-:data:`ALPHA` = 0.025 (the lower end of a two-sided 95% interval):
+in the check. There are three kinds (`Criterion`), all judged at one level, one-sided
+`ALPHA` = 0.025 (the lower end of a two-sided 95% interval):
 
 - **mean**: the claim ``E[d] > margin``. Student-t interval of the mean over seeds; passes when its
   lower end clears the margin (the one-sided t-test at level ``ALPHA``), which has exact coverage
@@ -98,13 +98,13 @@ class Metric:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A claim as an inequality on paired per-seed differences, judged by its :class:`Criterion`.
+    """A claim as an inequality on paired per-seed differences, judged by its `Criterion`.
 
     ``differences[s]`` is (treatment - control) for seed ``s`` with both arms run on the same seed,
     oriented so that larger supports the claim. ``margin`` is declared and justified in the
     check (``margin_reason``). ``asserted=False`` marks a comparison reported without asserting;
     ``headline=True`` puts a reported comparison in the overview. ``fraction`` is the share of
-    seeds a :attr:`Criterion.FRACTION` claim needs (1.0 = every seed).
+    seeds a `Criterion.FRACTION` claim needs (1.0 = every seed).
     """
 
     name: str
@@ -217,11 +217,11 @@ class PaperCheck:
 class ComparisonStats:
     """Statistics of one comparison.
 
-    ``ci_low``/``ci_high``: the Student-t :data:`LEVEL` interval of the mean (the point when all values
+    ``ci_low``/``ci_high``: the Student-t `LEVEL` interval of the mean (the point when all values
     agree or ``n = 1``). ``p``: the criterion's one-sided p-value (t-test for a mean, binomial for a
     fraction, 0/1 for an exact value). ``sign_p``: the exact sign test against the margin, for
     reference. ``count``/``required``: seeds clearing the margin and how many a fraction needs.
-    ``passed``: the criterion holds at level :data:`ALPHA`.
+    ``passed``: the criterion holds at level `ALPHA`.
     """
 
     mean: float
@@ -278,7 +278,7 @@ def binomial_rule(n: int, fraction: float, *, alpha: float = ALPHA) -> int:
 
     Returns ``n + 1`` when no count can pass (too few seeds).
 
-    Example:
+    Examples:
         >>> binomial_rule(10, 0.8), binomial_rule(10, 1.0), binomial_rule(5, 1.0)
         (9, 10, 6)
     """
@@ -299,7 +299,7 @@ def sign_test(differences: np.ndarray, *, margin: float = 0.0) -> float:
 
 
 def compare(c: Comparison) -> ComparisonStats:
-    """Statistics of a comparison and whether its criterion holds at level :data:`ALPHA`.
+    """Statistics of a comparison and whether its criterion holds at level `ALPHA`.
 
     Raises:
         DomainError: an asserted mean criterion with fewer than two values (a point estimate).

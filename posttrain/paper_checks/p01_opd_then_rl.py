@@ -5,19 +5,19 @@ GRPO and every joint combination of Table 1 (weighted-additive KDRL / KDRL-mask 
 teacher-modulated TRRD / RLSD, KDRL-annealing): OPD widens coverage (pass@k), RL then sharpens
 (pass@1), and a persistent OPD pull keeps joint methods near the teacher's ceiling.
 
-Toy (spec 01 section 7): a token tree, 32 prompts, depth 4, vocabulary 6 (1,296 sequences per
+Toy (docs: methods/opd_then_rl.md): a token tree, 32 prompts, depth 4, vocabulary 6 (1,296 sequences per
 prompt), one independent logit row per (prompt, prefix) node; 2 correct sequences per prompt.
 Teacher logits N(0, 1) plus a boost U(3, 5) (one draw per correct path) on every edge of each
 correct path; student logits N(0, 0.3^2). G = 8 rollouts, 150 steps, one on-policy update per
 batch, Adam lr 0.05 on the logits, per-seed token mean, S = 60. Exact p@1 and pass@32 by
 enumeration. Environment seed = training seed; every method sees the same environment per seed.
-All rules are the registered estimators of :mod:`posttrain.estimators.distill_rules`.
+All rules are the registered estimators of `posttrain.estimators.distill_rules`.
 
 Simplifications: fixed-length responses, so the EOS teacher mask is the response mask; the
 plateau switch uses the exact (noise-free) OPD p@1 as its validation score.
 
-Asserted (spec A-C): coverage then sharpening, the teacher ceiling broken only by the RL stage,
-OPD-then-RL ahead of GRPO / SRPO / RLSD / TRRD. Reported (spec D, expected to fail in a tabular
+Asserted (criterion A-C): coverage then sharpening, the teacher ceiling broken only by the RL stage,
+OPD-then-RL ahead of GRPO / SRPO / RLSD / TRRD. Reported (criterion D, expected to fail in a tabular
 toy): OPD-then-RL vs the weighted-additive KDRL and KDRL-annealing. Also reported: the switch
 ablation S = 20 / 100, the validation-plateau switch rule, KDRL-mask, HDPO, KDRL at beta = 1
 (the top of the paper's beta grid, where the persistent OPD pull dominates), and a search for the
@@ -58,7 +58,7 @@ from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, tra
 __all__ = ["Config", "run"]
 
 ASSERTED = ("grpo", "opd", "srpo", "rlsd", "trrd", "kdrl", "kdrl_annealing", "opd_then_rl")
-# spec 01 section 7 pilot (3 seeds): p@1, pass@32
+# docs: methods/opd_then_rl.md pilot (3 seeds): p@1, pass@32
 PILOT = {
     "teacher": (0.545, 1.00), "grpo": (0.639, 0.787), "opd": (0.524, 1.00), "srpo": (0.693, 1.00),
     "rlsd": (0.637, 0.795), "trrd": (0.476, 0.734), "kdrl": (0.958, 1.00), "kdrl_mask": (0.964, None),
@@ -92,7 +92,7 @@ class Config:
     decoys: int = 2
     decoy_boost: float = 4.0
     decoy_methods: tuple[str, ...] = ("opd", "kdrl", "kdrl_annealing", "kdrl_beta1", "opd_then_rl")
-    margin_reason: str = "spec 01 section 7 pass criteria"
+    margin_reason: str = "docs: methods/opd_then_rl.md pass criteria"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -220,9 +220,9 @@ def run(config: Config) -> Result:
     metrics: list[Metric] = []
     for name in p1:
         pilot = PILOT.get(name, (None, None))
-        metrics.append(Metric(f"p@1 {name}", tuple(p1[name].tolist()), paper_value=pilot[0], note="spec pilot"))
+        metrics.append(Metric(f"p@1 {name}", tuple(p1[name].tolist()), paper_value=pilot[0], note="pilot"))
         metrics.append(
-            Metric(f"pass@{config.pass_k} {name}", tuple(pk[name].tolist()), paper_value=pilot[1], note="spec pilot")
+            Metric(f"pass@{config.pass_k} {name}", tuple(pk[name].tolist()), paper_value=pilot[1], note="pilot")
         )
     if switch_steps:
         metrics.append(Metric("plateau switch step (validation rule)", tuple(switch_steps)))
@@ -274,8 +274,8 @@ def run(config: Config) -> Result:
             comps.append(Comparison("decoy teacher: p@1(OPD-then-RL) - max(KDRL, KDRL-annealing)", tuple(gap.tolist()),
                                     margin_reason="search for the ceiling mechanism, reported", asserted=False))  # fmt: skip
     notes = (
-        "paper_value column = spec 01 section 7 pilot (3 seeds, numpy). Spec D (OPD-then-RL vs "
-        "weighted-additive KDRL) is reported, not asserted: the spec's pilot found it does not "
+        "paper_value column = docs: methods/opd_then_rl.md pilot (3 seeds, numpy). criterion D (OPD-then-RL vs "
+        "weighted-additive KDRL) is reported, not asserted: our pilot found it does not "
         "reproduce in a tabular toy (independent node parameters, no capacity competition)."
     )
     return Result(tuple(metrics), tuple(comps), notes=notes)

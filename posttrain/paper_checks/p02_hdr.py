@@ -4,14 +4,14 @@ Claim: replaying stored GRPO groups ranked by *headroom* and gated by *policy dr
 naive recency replay, and does not fall below on-policy GRPO at matched fresh batch; the admitted
 groups carry more learning signal (higher refreshed headroom) than naively replayed ones.
 
-Toy (spec 02, section 7): a linear contextual bandit, 256 prompts x ~ N(0, I/16) in R^16, 16
+Toy (docs: methods/hdr.md): a linear contextual bandit, 256 prompts x ~ N(0, I/16) in R^16, 16
 actions, correct action argmax_a (V x)_a with V ~ 2 N(0, 1) fixed per seed, binary reward; policy
 softmax(W x), W = 0 at start, plain SGD lr 2. 200 steps; a fresh batch of 16 prompts x 8 samples
 with GRPO std-normalised advantages; mixed-outcome ingress into a FIFO buffer of 32 groups after
 the update; K_rep = 8 replayed groups per step. Update: mean over groups (fresh + replayed) of each
-group's token-mean PPO-clip loss (:func:`~posttrain.estimators.clipped_ratio_loss`); fresh groups
+group's token-mean PPO-clip loss (`clipped_ratio_loss`); fresh groups
 are on-policy (ratio 1), replayed groups use pi_theta / pi_gen with clip 0.2 and their stored
-advantages. Rules (:data:`~posttrain.estimators.replay.REPLAY_RULES`): on-policy matched, naive
+advantages. Rules (`REPLAY_RULES`): on-policy matched, naive
 recency replay, headroom-only (tau = inf), drift-only (recency + gate), HDR. Metric: final exact
 accuracy E_x[pi(a*(x)|x)] over all 256 prompts. 12 paired seeds (same prompts, teacher V and
 fresh-sampling stream across rules; replay consumes no random numbers).
@@ -230,7 +230,7 @@ def run(config: Config) -> Result:
 
     paper = {"on_policy": 0.3874, "naive": 0.3891, "headroom_only": 0.3841, "drift_only": 0.3892, "hdr": 0.3942}
     metrics = [
-        Metric(f"accuracy {n}", tuple(col(n, "accuracy").tolist()), paper_value=paper[n], note="spec pilot (tau 1e-2)")
+        Metric(f"accuracy {n}", tuple(col(n, "accuracy").tolist()), paper_value=paper[n], note="pilot (tau 1e-2)")
         for n in rules
     ]
     for n in ("naive", "headroom_only", "drift_only", "hdr"):

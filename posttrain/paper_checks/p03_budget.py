@@ -5,7 +5,7 @@ Large LLMs", arXiv:2609.01573): for a fixed annotation budget the set of SFT sha
 ``eps`` of the best (the near-optimal region) is a broad plateau that widens with model size, and
 the region of a small proxy lands inside the large target's region (the proxy midpoint "hits").
 
-Toy (spec 03, section 7), SFT -> DPO on a log-linear contextual bandit: 60 prompts x 10 responses,
+Toy (docs: methods/budget_allocation.md), SFT -> DPO on a log-linear contextual bandit: 60 prompts x 10 responses,
 true features ``Phi ~ N(0, 1)^{32}``, reward ``R = Phi w*`` (``|w*| = 3``). A model "size" is the
 fine-tuning dimension ``k`` and prior quality: ``F = Phi Q_k`` with ``Q_k`` orthonormal, first
 column ``w*/|w*|`` (realizable); S: k=32, prior 0; M: k=12, prior 0.2; L: k=4, prior 0.4;

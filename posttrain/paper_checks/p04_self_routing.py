@@ -4,7 +4,7 @@ Claim: routing each prompt to GRPO / on-policy self-distillation (OPSD) / regula
 SKIP from its rollouts' accuracy and entropy-based confidence beats applying one recipe to every
 prompt, and beats random routing with the same recipe marginals.
 
-Toy (spec 04 section 7): a multi-prompt softmax bandit, 16 actions, one logit vector per prompt,
+Toy (docs: methods/self_routing.md): a multi-prompt softmax bandit, 16 actions, one logit vector per prompt,
 G = 8 samples per prompt per step, 4 prompt types x 16 prompts: mixed (true logit + U(2, 3.2)),
 recoverable failure (true logit - 4), confident failure (+8 on the student's preferred = true
 action while the verifier's gold label is another action: an unreliable label), solved (+6);
@@ -15,10 +15,10 @@ entropy of pi(.|x) (identical for all rollouts of a prompt), batch min-max norma
 100 steps, 10 seeds. Metric: exact mean probability of the true action over the 64 prompts.
 Every method sees the same environment per seed; routing uniforms come from their own stream.
 
-Simplifications: the reconstructed confidence features of spec 04 section 3 (see
-:mod:`posttrain.estimators.routing`); the routing batch is the whole step batch (64 prompts).
+Simplifications: the reconstructed confidence features of the paper (docs: methods/self_routing.md) (see
+`posttrain.estimators.routing`); the routing batch is the whole step batch (64 prompts).
 
-Asserted (spec): Self-Routing - max(Naive-GRPO, Naive-OPSD) >= 0.05 every seed; Self-Routing -
+Asserted (from the paper): Self-Routing - max(Naive-GRPO, Naive-OPSD) >= 0.05 every seed; Self-Routing -
 matched-marginal random routing >= 0.03 on the mean; SKIP share among confident-failure prompts
 >= 0.5; OPSD share among recoverable prompts during the first 10 steps >= 0.5. Reported: the
 clean variant without confident-failure prompts.
@@ -52,7 +52,12 @@ from posttrain.simulators.loop import grpo_surrogate
 __all__ = ["Config", "run"]
 
 TYPES = ("mixed", "recoverable", "confident_failure", "solved")
-PILOT = {"grpo": 0.754, "opsd": 0.749, "self_routing": 0.850, "random": 0.776}  # spec 04 section 7 (3 seeds)
+PILOT = {
+    "grpo": 0.754,
+    "opsd": 0.749,
+    "self_routing": 0.850,
+    "random": 0.776,
+}  # docs: methods/self_routing.md (3 seeds)
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,7 @@ class Config:
     beta_reg: float = 0.1
     early_steps: int = 10
     clean_variant: bool = True
-    margin_reason: str = "spec 04 section 7 pass criteria"
+    margin_reason: str = "docs: methods/self_routing.md pass criteria"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -174,18 +179,16 @@ def run(config: Config) -> Result:
         "random": rnd["score"][0],
     }
     sc = {m: v.numpy() for m, v in score.items()}
-    metrics = [
-        Metric(f"P(true) {m}", tuple(v.tolist()), paper_value=PILOT[m], note="spec pilot") for m, v in sc.items()
-    ]
+    metrics = [Metric(f"P(true) {m}", tuple(v.tolist()), paper_value=PILOT[m], note="pilot") for m, v in sc.items()]
     for j, recipe in enumerate(RECIPES):
         metrics.append(Metric(f"Self-Routing share {recipe.name}", tuple(sr_marginal[:, j].tolist())))
     skip_cf = main["by_type"][2][:, TYPES.index("confident_failure"), Recipe.SKIP].numpy()
     opsd_rec = main["early_by_type"][2][:, TYPES.index("recoverable"), Recipe.OPSD].numpy()
     reg_solved = main["by_type"][2][:, TYPES.index("solved"), Recipe.REG].numpy()
     metrics += [
-        Metric("SKIP share, confident failures", tuple(skip_cf.tolist()), paper_value=0.76, note="spec pilot"),
+        Metric("SKIP share, confident failures", tuple(skip_cf.tolist()), paper_value=0.76, note="pilot"),
         Metric(f"OPSD share, recoverable, first {config.early_steps} steps", tuple(opsd_rec.tolist())),
-        Metric("REG share, solved", tuple(reg_solved.tolist()), paper_value=0.70, note="spec pilot"),
+        Metric("REG share, solved", tuple(reg_solved.tolist()), paper_value=0.70, note="pilot"),
     ]
     r = config.margin_reason
     best_uniform = np.maximum(sc["grpo"], sc["opsd"])
@@ -208,7 +211,7 @@ def run(config: Config) -> Result:
         for m in ("grpo", "opsd"):
             comps.append(Comparison(f"clean: Self-Routing - Naive-{m.upper()}", tuple((clean["self_routing"] - clean[m]).tolist()),
                                     margin_reason="clean variant, reported", asserted=False))  # fmt: skip
-    notes = "paper_value column = spec 04 section 7 pilot (3 seeds)."
+    notes = "paper_value column = docs: methods/self_routing.md pilot (3 seeds)."
     return Result(tuple(metrics), tuple(comps), notes=notes)
 
 

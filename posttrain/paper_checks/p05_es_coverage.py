@@ -7,8 +7,8 @@ its gain. Secondary: Lemma 1's small-sigma expansion of the policy JS diversity 
 on a softmax bandit) and Lemma 2's quantities (JS_succ and P_pop - P_same of a sigma-population
 around the ES and GRPO endpoints on the test pool), reported.
 
-Toy (spec 05 §7, our design): the multi-path verifier bandit of
-:mod:`posttrain.simulators.es_toys` (J = 8 paths, types A/B with P(A) = 0.8, q = 0.6, fixed base
+Toy (docs: methods/es_coverage.md, our design): the multi-path verifier bandit of
+`posttrain.simulators.es_toys` (J = 8 paths, types A/B with P(A) = 0.8, q = 0.6, fixed base
 logits, shared trainable bias and nuisance-feature matrix). GRPO: 200 Adam steps, B = 32, G = 8.
 ES: 200 steps, N = 32, sigma = 0.5, alpha = 0.1, greedy fitness on the step's 32 prompts,
 z-scored, members evaluated in one batched matmul. Metrics are exact on a 2048-prompt test pool at
@@ -16,7 +16,7 @@ T_eval = 0.6.
 
 Simplifications: one-step "responses" (no tokens), exact softmax gradients, no KL term, no clipping
 (one update per batch, ratio 1); GRPO advantages use the Bessel std (a constant rescaling that
-Adam removes; the spec says population std). "Every seed" / ">= 4/5 seeds" criteria are asserted
+Adam removes; the paper says population std). "Every seed" / ">= 4/5 seeds" criteria are asserted
 as shares of seeds with the harness's binomial test (at 10 seeds: 10/10 and 9/10); the per-seed
 numbers are in the metrics. Not asserted (unreachable in this toy, reported): ES Pass@64 >= Base Pass@64.
 """
@@ -54,7 +54,7 @@ class Config(BanditSetup):
     lemma_sigmas: tuple[float, ...] = (0.1, 0.03, 0.01)
     lemma_populations: tuple[int, ...] = (2, 8, 32)
     lemma_draws: int = 4000
-    margin_reason: str = "spec 05 §7 pass criteria (calibrated effect sizes 1.5-3x the margins)"
+    margin_reason: str = "docs: methods/es_coverage.md pass criteria (calibrated effect sizes 1.5-3x the margins)"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -89,10 +89,10 @@ def _thresholded(es: BanditParams, base: BanditParams, fraction: float) -> Bandi
 def lemma1_ratios(
     *, sigmas: tuple[float, ...], populations: tuple[int, ...], draws: int, seed: int = 0, n_arms: int = 8
 ) -> dict[tuple[float, int], float]:
-    r"""Monte-Carlo mean of :math:`\mathrm{JS}^{pol}_N` over ``draws`` populations / Lemma 1's leading term.
+    r"""Monte-Carlo mean of $\mathrm{JS}^{pol}_N$ over ``draws`` populations / Lemma 1's leading term.
 
-    Softmax bandit with logits :math:`\theta\sim\mathcal N(0, I_8)`, members :math:`\theta+\sigma\varepsilon_i`;
-    :math:`\operatorname{tr}\mathcal I = 1-\sum_j\pi_j^2` w.r.t. the logits.
+    Softmax bandit with logits $\theta\sim\mathcal N(0, I_8)$, members $\theta+\sigma\varepsilon_i$;
+    $\operatorname{tr}\mathcal I = 1-\sum_j\pi_j^2$ w.r.t. the logits.
     """
     gen = torch.Generator().manual_seed(seed)
     theta = torch.randn(n_arms, generator=gen, dtype=torch.float64)
@@ -187,7 +187,7 @@ def run(config: Config) -> Result:
         for k in config.ks
         if k > 1
     ]
-    secondary = "secondary criterion (spec 05 §7: 6-7), reported"
+    secondary = "secondary criterion (docs: methods/es_coverage.md: 6-7), reported"
     if config.sequential:
         lo, hi = (
             [min(a, b) for a, b in zip(es[kmax], grpo[kmax], strict=True)],
@@ -219,7 +219,7 @@ def run(config: Config) -> Result:
             f"ES - Base {kmax}",
             vals(m["es"][kmax] - m["base"][kmax]),
             margin=0.0,
-            margin_reason="paper's claim; unreachable in this toy (spec 05 §7), reported",
+            margin_reason="paper's claim; unreachable in this toy (docs: methods/es_coverage.md), reported",
             asserted=False,
         )
     )

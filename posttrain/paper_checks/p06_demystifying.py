@@ -1,6 +1,6 @@
 """Paper 06: Demystifying RL post-training of language models (Clay et al. 2026, arXiv:2608.24949).
 
-Claims (toy versions of spec 06, section 7):
+Claims (toy versions of the paper (docs: methods/demystifying.md)):
 
 A. Coverage: with a sparse reward RL learns a target sequence only when the base policy already
    samples it a handful of times during training (prior mass decides); a dense reward removes the
@@ -18,17 +18,17 @@ B, a linear softmax over 8 answers, 3 domains x 200 prompts, 12 block + 4 shared
 W0 = 4 W*; 1000 steps of 16 prompts x 8 answers, random U[0, 1] rewards, lr 1. C, a two-way
 softmax from p(A) in {0.8, 0.2}, 16 samples per step, 4 inner PPO steps (eps 0.2, lr 2), 200 steps.
 
-Simplifications (stated): the package's GRPO advantages (Bessel std, eps 1e-6; the spec's toy uses
+Simplifications (stated): the package's GRPO advantages (Bessel std, eps 1e-6; our toy uses
 std + 1e-8), a constant factor ~0.94 on the effective rate; A and B take the policy gradient of the
 importance-weighted surrogate at ratio 1 (exactly REINFORCE), C uses ``clipped_ratio_loss``; B's update
-sums each prompt's group-mean gradient over the step's 16 prompts (the spec leaves the reduction open; a
+sums each prompt's group-mean gradient over the step's 16 prompts (the paper leaves the reduction open; a
 mean over all 128 samples moves W 16x less and leaves every accuracy change below ~0.005 after 1000 steps,
-while the sum-over-prompts reading matches the spec's calibration numbers); the base tabular table is drawn
-with torch's generator (seed 0), so its prior mass differs from the spec's numpy draw and the sweep
-is judged in expected rewarded samples ``n P(tau)`` (the spec's *reconstructed* exploration heuristic,
-section 3.2; the sweep's SFT+ rates are found by bisection to hit the spec's n P grid); the LLM-level headline
+while the sum-over-prompts reading matches our calibration numbers); the base tabular table is drawn
+with torch's generator (seed 0), so its prior mass differs from our numpy draw and the sweep
+is judged in expected rewarded samples ``n P(tau)`` (our *reconstructed* exploration heuristic,
+section 3.2; the sweep's SFT+ rates are found by bisection to hit our n P grid); the LLM-level headline
 numbers (Table 1, 2; OLMo/Qwen random-reward curves) are not toy claims and are not checked. The
-spec's known deviation (broad prompts lower answer entropy here, raise it on OLMo) is reported.
+our known deviation (broad prompts lower answer entropy here, raise it on OLMo) is reported.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Config:
     inner_steps: int = 4
     clip: float = 0.2
     choice_lr: float = 2.0
-    margin_reason: str = "spec 06 section 7 pass criteria (thresholds from the spec, not tuned here)"
+    margin_reason: str = "docs: methods/demystifying.md pass criteria (thresholds from the paper, not tuned here)"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -230,14 +230,18 @@ def run(cfg: Config) -> Result:
         return tuple(float(v) for v in x)
 
     metrics = [Metric(f"P(tau) after RL: {k}", per_seed(cov[k])) for k in cov if " " in k and not k.startswith("sweep")]
-    metrics += [Metric("prior P(tau): base, SFT+, SFT-", per_seed(cov["priors"]), note="spec 2.8e-7, 0.002, 1e-46")]
+    metrics += [
+        Metric("prior P(tau): base, SFT+, SFT-", per_seed(cov["priors"]), note="calibration 2.8e-7, 0.002, 1e-46")
+    ]
     rates = (cov["sweep_final"] > cfg.success_threshold).to(_F64).mean(-1)  # [lrs]
     expected_hits = cov["sweep_prior"] * n_rl
     metrics += [
         Metric(
-            "sweep: expected rewarded samples n P(tau)", per_seed(expected_hits), note="spec 0, 1.5, 3.3, 7.3, 15, 30"
+            "sweep: expected rewarded samples n P(tau)",
+            per_seed(expected_hits),
+            note="calibration 0, 1.5, 3.3, 7.3, 15, 30",
         ),
-        Metric("sweep: sparse success rate", per_seed(rates), note="spec 0, 0, 0.25, 0.88, 1, 1"),
+        Metric("sweep: sparse success rate", per_seed(rates), note="calibration 0, 0, 0.25, 0.88, 1, 1"),
     ]
     order = expected_hits.argsort()
     success = (cov["sweep_final"][order] > cfg.success_threshold).to(_F64)  # [lrs by prior, seeds]
@@ -319,7 +323,7 @@ def run(cfg: Config) -> Result:
             "B known deviation: broad entropy change on domain 1 (paper: increase)",
             per_seed(brd["broad entropy domain1"][1] - brd["broad entropy domain1"][0]),
             asserted=False,
-            margin_reason="reported only (spec 06 7B: the linear toy does not reproduce the entropy direction)",
+            margin_reason="reported only (docs: methods/demystifying.md 7B: the linear toy does not reproduce the entropy direction)",
         ),
     ]
     final = cho["final"]  # [priors, clipped/unclipped, seeds]
@@ -328,9 +332,9 @@ def run(cfg: Config) -> Result:
         clipped, unclipped = final[i, 0], final[i, 1]
         toward = float((sign * (clipped - p0) > 0).to(_F64).mean())
         metrics += [
-            Metric(f"C p0={p0}: clipped median final p(A)", (float(clipped.median()),), note="spec 0.98 / 0.03"),
-            Metric(f"C p0={p0}: clipped share moving to the majority", (toward,), note="spec 0.65 / 0.64"),
-            Metric(f"C p0={p0}: unclipped mean final p(A)", (float(unclipped.mean()),), note="spec 0.50 / 0.47"),
+            Metric(f"C p0={p0}: clipped median final p(A)", (float(clipped.median()),), note="calibration 0.98 / 0.03"),
+            Metric(f"C p0={p0}: clipped share moving to the majority", (toward,), note="calibration 0.65 / 0.64"),
+            Metric(f"C p0={p0}: unclipped mean final p(A)", (float(unclipped.mean()),), note="calibration 0.50 / 0.47"),
         ]
         gap = abs(p0 - 0.5)
         comparisons += [

@@ -5,22 +5,22 @@ OraRL's decoupled advantage (oracle-free baseline, directional gain, detached ca
 advantage, sign-balanced pruning with post-selection correction); naive injection (oracle inside
 the group statistics) inverts the advantage of partially correct rollouts.
 
-Toy (spec 07 section 7): 1-D temporal grounding with 16 bins, 64 prompts (length U{1..4}), an
+Toy (docs: methods/orarl.md): 1-D temporal grounding with 16 bins, 64 prompts (length U{1..4}), an
 8-d feature per prompt and a two-token policy with parameters shared across prompts
-(:mod:`posttrain.simulators.interval_grounding`, initialised at 0). Reward: discrete tIoU (0 when
+(`posttrain.simulators.interval_grounding`, initialised at 0). Reward: discrete tIoU (0 when
 e < s); oracle = the ground-truth interval, r* = 1. All 64 prompts and n = 8 samples per step,
 one on-policy update (ratio 1), token mean over the kept rows' 2 tokens, Adam lr 0.03, 200 steps.
 Metric: exact expected tIoU (enumerating all 16 x 16 answers). 10 seeds (seed = prompts, features,
 sampling; the paper's pilot used 5); every method sees the same prompts and sampling stream per seed.
 
 Simplifications: none beyond the paper's toy; the on-policy step is the shared toy GRPO loss
-(:func:`~posttrain.simulators.loop.grpo_surrogate` with OraRL's advantages, one per token).
+(`grpo_surrogate` with OraRL's advantages, one per token).
 
 Asserted (the paper's criteria A-D): OraRL - GRPO > 0.04 in every seed; OraRL - naive > 0.02 in
 every seed and paired mean > 0.04; mean naive inversion rate > 0.05 and mean OraRL selected-row flip
 rate < 0.01; paired mean OraRL - (w/o detached oracle) > 0.03. "In every seed" is a fraction
 criterion with fraction 1 (all seeds, and the binomial test), as written before any run. Reported: gamma = 0, no pruning, SFT only, naive vs GRPO
-(the paper has naive < GRPO), and the binary-reward variant (1[tIoU >= 0.5]) where the spec's
+(the paper has naive < GRPO), and the binary-reward variant (1[tIoU >= 0.5]) where our
 pilot found naive injection ahead of OraRL.
 """
 
@@ -44,7 +44,7 @@ from posttrain.simulators.loop import grpo_surrogate
 __all__ = ["Config", "run"]
 
 ASSERTED = ("grpo", "naive", "orarl", "orarl_no_detach")
-PILOT = {  # spec 07 section 7 pilot (5 seeds): expected tIoU
+PILOT = {  # docs: methods/orarl.md pilot (5 seeds): expected tIoU
     "grpo": 0.491, "naive": 0.522, "orarl": 0.588, "orarl_no_detach": 0.520, "orarl_no_prune": 0.627,
     "orarl_gamma0": 0.586, "sft": 0.340,
     "binary grpo": 0.649, "binary naive": 0.712, "binary orarl": 0.630, "binary orarl_no_prune": 0.693,
@@ -197,7 +197,7 @@ def run(config: Config) -> Result:
         metrics.append(Metric("binary: naive inversion rate", tuple(binary["inversion naive"].tolist())))
         comps.append(mean_criterion("binary: OraRL - naive injection", d("orarl", "naive", binary), margin=0.0,
                                     reason="binary variant delimits the claim, reported", asserted=False))  # fmt: skip
-    notes = "paper_value column of tIoU rows = spec 07 section 7 pilot; of comparisons = the paper's 4B points."
+    notes = "paper_value column of tIoU rows = docs: methods/orarl.md pilot; of comparisons = the paper's 4B points."
     return Result(tuple(metrics), tuple(comps), notes=notes)
 
 

@@ -5,7 +5,7 @@ domain (instruction following) is starved in multi-teacher on-policy distillatio
 token-share balancing recovers most of the lost headroom, gap-following allocation and reward
 refresh add to it.
 
-Toy (spec 08 section 7, :mod:`posttrain.simulators.multidomain`): 3 domains with 30 states each and
+Toy (docs: methods/open_mopd.md, `posttrain.simulators.multidomain`): 3 domains with 30 states each and
 response lengths 24 / 20 / 2 states ("math", "code", "IF"); a shared linear-softmax student over 8
 tokens (64 fixed random features, U initialised N(0, 0.1^2)); one linear teacher per domain with
 U* ~ N(0, 8^2), hard-routed by domain. Reward: the top-4 reverse-KL reward with renormalised
@@ -13,11 +13,11 @@ student weights; loss: per-candidate dual-clip PPO (0.2 / 0.28, c = 3) summed ov
 candidates, token mean. Rollout batch = 4 inner mini-batches of (4 math, 4 code, 2 IF) prompts
 (2:2:1; IF holds ~2% of tokens); weights computed once per rollout batch; Adam lr 0.05; 100
 rollout batches; 10 seeds. Metric: per-domain headroom recovery of the capability
-:math:`E_s\\, p_S(\\arg\\max p_T\\mid s)`, macro mean over domains.
+$E_s\\, p_S(\\arg\\max p_T\\mid s)$, macro mean over domains.
 
-Simplifications: none beyond the spec's toy (the sampled token plays no role in the top-k loss).
+Simplifications: none beyond our toy (the sampled token plays no role in the top-k loss).
 
-Asserted (spec): Open-MOPD macro recovery - naive >= 0.08 every seed; IF recovery gain >= 0.40 on
+Asserted (from the paper): Open-MOPD macro recovery - naive >= 0.08 every seed; IF recovery gain >= 0.40 on
 the mean and > 0 every seed; (share - naive) >= 0.8 x (Open-MOPD - naive) on the mean. Reported:
 the gap-following and refresh increments.
 """
@@ -58,7 +58,7 @@ class Config:
     top_k: int = 4
     lr: float = 0.05
     targets: tuple[float, ...] = (1.0, 1.0, 1.0)
-    margin_reason: str = "spec 08 section 7 pass criteria"
+    margin_reason: str = "docs: methods/open_mopd.md pass criteria"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -145,7 +145,9 @@ def run(config: Config) -> Result:
         Comparison("refresh: Open-MOPD - share+gap, macro", tuple((macro["open_mopd"] - macro["share_gap"]).tolist()),
                    margin_reason="reported (paper +0.81 points)", asserted=False),
     ]  # fmt: skip
-    notes = "paper_value column = spec 08 section 7 pilot (3 seeds). Recovery = (score - init) / (teacher - init)."
+    notes = (
+        "paper_value column = docs: methods/open_mopd.md pilot (3 seeds). Recovery = (score - init) / (teacher - init)."
+    )
     return Result(tuple(metrics), tuple(comps), notes=notes)
 
 

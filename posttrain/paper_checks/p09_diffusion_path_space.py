@@ -1,6 +1,6 @@
 """Paper 09: diffusion RL in path space (Xu, Zhang, Luo, Wang, He 2026, arXiv:2608.14430).
 
-Claim (toy version of spec 09, section 7): the reverse-trajectory (Flow-GRPO, Itô-integral) and
+Claim (toy version of the paper (docs: methods/diffusion_path_space.md)): the reverse-trajectory (Flow-GRPO, Itô-integral) and
 forward-matching (AWM / DiffusionNFT, value-gradient) gradients estimate the *same* policy
 gradient; their difference is variance. Checked on a 1-D flow with an exact velocity field:
 
@@ -18,10 +18,10 @@ exact marginal q_0.98, N Euler-Maruyama steps to t = 0; perturbation v_theta = v
 h = 1{0.2 < t <= 0.8}; reference g* by a common-random-number central difference (theta = +-0.05).
 
 Simplifications (stated): torch float64 instead of numpy; the reference's standard error is added in
-quadrature to the estimator's in criteria 1 and 5 (the spec's "3 SE" names only the estimator's; the
+quadrature to the estimator's in criteria 1 and 5 (our "3 SE" names only the estimator's; the
 reference is itself a Monte Carlo estimate); in criterion 5 the deterministic estimator is the sampler-agnostic
-forward-matching one (drift sensitivity -2, as AWM / NFT use it; the spec's toy), and the plug-in with the
-sampler's -(1 + eta_t) is reported beside it; the spec's headline numbers (67.5% KDE variance
+forward-matching one (drift sensitivity -2, as AWM / NFT use it; our toy), and the plug-in with the
+sampler's -(1 + eta_t) is reported beside it; our headline numbers (67.5% KDE variance
 reduction, 2-4x faster training on SD3.5 / Qwen-Image) are not checked, the toy has no training.
 """
 
@@ -74,7 +74,9 @@ class Config:
     kde_bias_tol: float = 0.05
     caveat_rel: float = 0.05
     plot_batches: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
-    margin_reason: str = "spec 09 section 7 pass criteria (tolerances from the spec, not tuned here)"
+    margin_reason: str = (
+        "docs: methods/diffusion_path_space.md pass criteria (tolerances from the paper, not tuned here)"
+    )
 
     @classmethod
     def smoke(cls) -> Config:
@@ -210,23 +212,23 @@ def run(cfg: Config) -> Result:
     kde_bias = {k: seeds_of(lambda e, k=k: e[f"kde_{k}"].mean() / g_star - 1.0) for k in cfg.kde_groups}
 
     metrics = [
-        Metric("g* (finite difference, eta=1)", (g_star,), note=f"SE {g_se:.2g}; spec calibration -0.207"),
-        Metric("g* (finite difference, eta=0.7(1-t))", (g_alt,), note=f"SE {g_alt_se:.2g}; spec -0.139"),
+        Metric("g* (finite difference, eta=1)", (g_star,), note=f"SE {g_se:.2g}; calibration -0.207"),
+        Metric("g* (finite difference, eta=0.7(1-t))", (g_alt,), note=f"SE {g_alt_se:.2g}; calibration -0.139"),
         Metric("mean Ito-full", seeds_of(lambda e: e["ito_full"].mean())),
         Metric("mean Det(10)", seeds_of(lambda e: e["det"].mean())),
-        Metric("var Ito-full", var["ito_full"], note="spec ~0.33"),
-        Metric("var Ito-sub(10)", var["ito_sub"], note="spec ~2.6"),
-        Metric("var Det(10)", var["det"], note="spec ~0.29"),
-        Metric("var Ito-sub/Det", ratio, note="spec ~9"),
+        Metric("var Ito-full", var["ito_full"], note="calibration ~0.33"),
+        Metric("var Ito-sub(10)", var["ito_sub"], note="calibration ~2.6"),
+        Metric("var Det(10)", var["det"], note="calibration ~0.29"),
+        Metric("var Ito-sub/Det", ratio, note="calibration ~9"),
         Metric(f"var ratio N={lo_n}", seeds_of(lambda e: e[f"ratio_{lo_n}"])),
         Metric(f"var ratio N={hi_n}", seeds_of(lambda e: e[f"ratio_{hi_n}"])),
-        Metric(f"var KDE({kvar}) per rollout", kde_var, note="spec ~0.011"),
+        Metric(f"var KDE({kvar}) per rollout", kde_var, note="calibration ~0.011"),
         *(
-            Metric(f"rel bias KDE({k})", kde_bias[k], note="mean/g* - 1; spec -13%/-6%/-1.5% for K=8/16/64")
+            Metric(f"rel bias KDE({k})", kde_bias[k], note="mean/g* - 1; calibration -13%/-6%/-1.5% for K=8/16/64")
             for k in cfg.kde_groups
         ),
         Metric("mean Ito-full, eta=0.7(1-t)", seeds_of(lambda e: e["alt_ito"].mean())),
-        Metric("mean Det(10), eta=0.7(1-t)", seeds_of(lambda e: e["alt_det"].mean()), note="spec ~-0.198"),
+        Metric("mean Det(10), eta=0.7(1-t)", seeds_of(lambda e: e["alt_det"].mean()), note="calibration ~-0.198"),
         Metric(
             "mean Det(10) with (1+eta_t) plug-in, eta=0.7(1-t)",
             seeds_of(lambda e: e["alt_det_plugin"].mean()),

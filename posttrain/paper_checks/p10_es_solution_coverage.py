@@ -4,17 +4,17 @@ Claim: ES matches GRPO at pass@1 and beats it for k >= 2, has far fewer regressi
 base solves that the tuned model does not), more progressions, fewer "unsolvable under sampling"
 prompts (bin 0), and keeps higher entropy where it fails.
 
-Toy (spec 10 §7): the same multi-path verifier bandit, arms and budget as paper 05's check
-(:func:`posttrain.simulators.es_toys.run_bandit_arms`: GRPO Adam lr 0.1, B = 32, G = 8, 200 steps;
+Toy (docs: methods/es_solution_coverage.md): the same multi-path verifier bandit, arms and budget as paper 05's check
+(`posttrain.simulators.es_toys.run_bandit_arms`: GRPO Adam lr 0.1, B = 32, G = 8, 200 steps;
 ES N = 32, sigma = 0.5, alpha = 0.1, greedy fitness, 200 steps). Metrics are exact expectations on
 the 2048-prompt test pool at T_eval = 0.6 with n = 32 evaluation samples: pass@k, bin-0 fraction
-:math:`\\mathrm{mean}_x(1-p)^{32}`, expected regression/progression counts against the base
+$\\mathrm{mean}_x(1-p)^{32}$, expected regression/progression counts against the base
 (any-correct criterion), the regression-weighted policy entropy, and maj@inf (reported).
 
 Simplifications: one-step responses, the answer entropy is the policy entropy (each path is its own
 answer), maj@inf treats every wrong path as a distinct wrong answer. "Every seed" and ">= 4/5 seeds"
 criteria are asserted as shares of seeds with the harness's binomial test (10/10 and 9/10 of 10 seeds). Not asserted (the paper's claim is not
-reachable in this toy, spec 10 §7): ES >= base at every k and bin0_ES <= bin0_base; reported.
+reachable in this toy, docs: methods/es_solution_coverage.md): ES >= base at every k and bin0_ES <= bin0_base; reported.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Config(BanditSetup):
     t_eval: float = 0.6
     n_eval: int = 32
     ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    margin_reason: str = "spec 10 §7 pass criteria (calibrated effects exceed the margins)"
+    margin_reason: str = "docs: methods/es_solution_coverage.md pass criteria (calibrated effects exceed the margins)"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -102,7 +102,7 @@ def run(config: Config) -> Result:
             margin_reason=reason,
         ),
     ]
-    not_reachable = "paper's claim; not reachable in this toy (spec 10 §7), reported"
+    not_reachable = "paper's claim; not reachable in this toy (docs: methods/es_solution_coverage.md), reported"
     comps += [
         Comparison(
             f"ES - Base pass@{k}",

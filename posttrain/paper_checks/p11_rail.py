@@ -5,18 +5,18 @@ much better than a frozen one (paper: > 40 % lower MAE); (11b) learned branching
 at what temperature) beats uniform GRPO at a smaller rollout budget and beats a static entropy
 heuristic.
 
-11a (spec 11, section 7a): synthetic non-stationary gains, T = 400 steps; a state has relative
+11a (docs: methods/rail.md): synthetic non-stationary gains, T = 400 steps; a state has relative
 depth d ~ U[0,1] and entropy e ~ U[0,1]; base group of 4 Bernoulli(p_t), p_t = sigma(-2 + 3t/T);
 continuation success q = sigma(alpha_t + 2(e - .5) - 1.5(d - .5) + k_t (tau - 1)), k_t = +2 before
 T/2 and -2 after; actions (b, tau) in {2, 4} x {0.7, 1.3}; gain = population-variance increase
-(:func:`~posttrain.estimators.rail.recoverability_gain`). 64 random interventions per step shared by
+(`recoverability_gain`). 64 random interventions per step shared by
 both predictors (one linear model per action on [1, d, e, p_hat]): online = refit every step on the
 last 500 traces, weights 0.99^age, Huber delta 0.05 (IRLS); frozen = the same fit after step 50's
 traces, never refit. MAE on the next step's traces over steps 51-400. 16 seeds (the paper's
 pilot used 8; "in >= 7/8 of the seeds" is judged as a fraction with an exact binomial test, which
 needs more than 8 seeds to pass at all).
 
-11b (spec 11, section 7b): 32 prompts, tabular tree policy, depth 6, vocabulary 3 (364 nodes x 3);
+11b (docs: methods/rail.md): 32 prompts, tabular tree policy, depth 6, vocabulary 3 (364 nodes x 3);
 reward 1 iff the first token is the target's and at most one of the other five differs; warm start
 +1.3 on the target token's logit at every node (success ~ 0.27). SGD lr 1 on the on-policy GRPO
 token-mean surrogate (ratio 1, also for tempered branches) over all trajectories of each reshaped
@@ -27,7 +27,7 @@ extra continuations per prompt; candidates = prefixes of depth 1-5 of the base t
 features [1, depth/L, entropy, base-trajectory reward, group mean, t/T, 1[mean in {0,1}]]; one linear
 predictor per action, recency-weighted Huber fit on the last 2000 traces every step; shadow =
 first 10 steps with random interventions and accept-or-stop; then
-:func:`~posttrain.estimators.rail.plan_interventions` with utility = prediction - 0.005 b, gate 0,
+`plan_interventions` with utility = prediction - 0.005 b, gate 0,
 exploration 0.1). 16 paired seeds (same targets and prompt order for every method). A group holds
 the base rollouts plus every active branch, in contiguous slots (at most 8).
 
@@ -37,7 +37,7 @@ and exploration, all batched over seeds (the controller is one batched fit, not 
 number of seeds never changes any seed's trajectory.
 
 Simplifications: candidate states of identical prefixes are not deduplicated; the toy GRPO step is
-the shared one (:func:`~posttrain.simulators.loop.grpo_surrogate`, ratio 1) with per-token
+the shared one (`grpo_surrogate`, ratio 1) with per-token
 advantages of the reshaped groups.
 """
 
@@ -159,8 +159,8 @@ def run_adaptivity(config: AdaptivityConfig) -> Result:
     ratio = (mae_on / mae_fr).numpy()
     total = torch.stack(counts).sum(0).clamp(min=1)
     metrics = (
-        Metric("MAE online", tuple(mae_on.tolist()), note="spec pilot ~0.048"),
-        Metric("MAE frozen", tuple(mae_fr.tolist()), note="spec pilot 0.067-0.081"),
+        Metric("MAE online", tuple(mae_on.tolist()), note="pilot ~0.048"),
+        Metric("MAE frozen", tuple(mae_fr.tolist()), note="pilot 0.067-0.081"),
         Metric("MAE ratio online/frozen", tuple(ratio.tolist()), paper_value=0.6, note="paper: > 40% lower; pilot mean 0.64"),
         Metric("sign agreement online (non-zero gains)", tuple((torch.stack(sign_on).sum(0) / total).tolist())),
         Metric("sign agreement frozen (non-zero gains)", tuple((torch.stack(sign_fr).sum(0) / total).tolist())),
@@ -412,7 +412,7 @@ def run(config: Config) -> Result:
                 f"success {m}",
                 tuple(r["success"].tolist()),
                 paper_value=paper.get(m),
-                note="spec pilot (4 seeds)" if m in paper else "",
+                note="pilot (4 seeds)" if m in paper else "",
             )
         )
         metrics.append(

@@ -1,23 +1,23 @@
 """Paper 12: When does Muon help agentic RL? (Ruan et al. 2026, arXiv:2607.16169).
 
-Claim (toy version of spec 12, section 7): at paired nominal rates (Muon's 30x AdamW's, mirroring
+Claim (toy version of the paper (docs: methods/muon.md)): at paired nominal rates (Muon's 30x AdamW's, mirroring
 3e-5 vs 1e-6) fan-in Muon on the hidden matrices reaches a much higher final-window success than
 AdamW; its hidden update RMS is several times AdamW's; an RMS-matched Muon control (rate / rho)
 performs like AdamW, so the gain is a larger effective step; AdamW at Muon's nominal rate is much
 worse than Muon; AdamW's success is non-monotonic in its rate.
 
-Environment: the sparse-reward contextual bandit of :mod:`posttrain.simulators.mlp_bandit`
+Environment: the sparse-reward contextual bandit of `posttrain.simulators.mlp_bandit`
 (64 contexts, 16 actions, 2 correct per context, MLP 32-64-64, SGD "pretraining" to a partial-
 knowledge base), then GRPO with ``group_normalized_advantages`` and ``clipped_ratio_loss`` (a
 single on-policy step, ratio 1, so the vanilla policy gradient) aggregated by token mean; hidden
 matrices {W1, W2} on Muon or AdamW, fallback {E, W_o} always on AdamW 1e-4.
 
 Simplifications (stated): the group std is Bessel-corrected with eps 1e-6 (the package's GRPO
-convention; the spec's toy uses the population std, a constant factor sqrt(K/(K-1)) that Muon
+convention; our toy uses the population std, a constant factor sqrt(K/(K-1)) that Muon
 ignores and Adam almost ignores); Newton-Schulz runs in float32 rather than bf16; every run of a
 seed shares that seed's sampling noise (common random numbers), so comparisons are paired; actions
 are drawn by inverse CDF from one uniform each (the simulators' ``sample_categorical``) instead of
-the spec's Gumbel-max, the same distribution.
+our Gumbel-max, the same distribution.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Config:
     hi_adamw_share: float = 0.8
     nonmono_gap: float = 0.3
     tuned_soft: float = 0.12
-    margin_reason: str = "spec 12 section 7 pass criteria (calibrated on the spec's pilot; not tuned here)"
+    margin_reason: str = "docs: methods/muon.md pass criteria (calibrated on our pilot; not tuned here)"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -164,14 +164,14 @@ def run(cfg: Config) -> Result:
 
     t = lambda x: tuple(float(v) for v in x)  # noqa: E731
     metrics = (
-        Metric("base success (exact)", t(s_base), note="spec calibration 0.35-0.41"),
+        Metric("base success (exact)", t(s_base), note="calibration 0.35-0.41"),
         Metric("S(AdamW 1e-3)", t(s_alo)),
         Metric("S(Muon 3e-2)", t(s_m)),
         Metric("S(Muon matched)", t(s_match)),
         Metric("S(AdamW 3e-2)", t(s_ahi)),
         Metric("S(AdamW tuned)", t(s_tuned)),
         Metric("S(AdamW 1e-1)", t(fa[:, col[1e-1]])),
-        Metric("rho = RMS(Muon)/RMS(AdamW)", t(rho), paper_value=3.53, note="toy shapes give ~10 (spec)"),
+        Metric("rho = RMS(Muon)/RMS(AdamW)", t(rho), paper_value=3.53, note="toy shapes give ~10 (from the paper)"),
         Metric("matched RMS ratio", t(match_rms_ratio)),
     )
     why = cfg.margin_reason

@@ -5,7 +5,7 @@ distribution and gated by the sign of the centred OPD advantage) transfers what 
 added to the teacher, without the teacher's pre-training style, and beats OPD and ExOPD; the delta
 is the main source of the gain; a strong student is improved rather than dragged down.
 
-Toy (spec 13 section 7, style/content variant): a token tree, 32 prompts, 4 positions, 6 tokens =
+Toy (docs: methods/opd2.md, style/content variant): a token tree, 32 prompts, 4 positions, 6 tokens =
 2 content classes x 3 style variants; a sequence is correct iff every position has its prompt's
 target content (style is irrelevant). Teacher-base logits: style preference [+2, 0, -2] +
 N(0, 0.5^2); teacher = base + 2 on every token of the target content + N(0, 0.2^2); student:
@@ -14,10 +14,10 @@ variant uses 1.5). G = 4 samples per prompt without group normalisation, 100 ste
 token mean, exact expectations over all V = 6 tokens (K = V), reward scale 0.1 for every method.
 Exact p@1 (sum over the 81 correct sequences).
 
-Simplifications: G = 4 samples per prompt instead of the paper's one (toy variance, as the spec
+Simplifications: G = 4 samples per prompt instead of the paper's one (toy variance, as the paper
 says); same temperature 1 for every model (the temperature path is a property test).
 
-Asserted (spec): OPD² - OPD >= 0.20 every seed; OPD² - ExOPD >= 0.15 on the mean and > 0 every
+Asserted (from the paper): OPD² - OPD >= 0.20 every seed; OPD² - ExOPD >= 0.15 on the mean and > 0 every
 seed; OPD² - no-delta >= 0.15 on the mean; strong student: OPD² > init and OPD < OPD² - 0.2.
 Reported: the no-condition and no-centering ablations (in this toy nothing penalises overshooting
 the teacher, so the gate's stabilising role does not show).
@@ -45,7 +45,7 @@ from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, nod
 __all__ = ["Config", "run"]
 
 ASSERTED = ("opd", "exopd", "opd2", "no_delta")
-PILOT = {  # spec 13 section 7 pilot (3 seeds)
+PILOT = {  # docs: methods/opd2.md pilot (3 seeds)
     "teacher": 0.551, "init": 0.099, "opd": 0.207, "exopd": 0.252, "opd2": 0.654, "no_delta": 0.316,
     "no_condition": 0.902, "no_centering": 0.654,
     "strong init": 0.402, "strong opd": 0.393, "strong exopd": 0.434, "strong opd2": 0.796,
@@ -69,7 +69,7 @@ class Config:
     exopd_lambda: float = 1.25
     methods: tuple[str, ...] = (*ASSERTED, "no_condition", "no_centering")
     strong_variant: bool = True
-    margin_reason: str = "spec 13 section 7 pass criteria"
+    margin_reason: str = "docs: methods/opd2.md pass criteria"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -152,9 +152,7 @@ def _train(config: Config, env: _Env, names: tuple[str, ...]) -> dict[str, np.nd
 def run(config: Config) -> Result:
     torch.set_num_threads(1)
     main = _train(config, _make_env(config, config.content_bonus), config.methods)
-    metrics = [
-        Metric(f"p@1 {m}", tuple(v.tolist()), paper_value=PILOT.get(m), note="spec pilot") for m, v in main.items()
-    ]
+    metrics = [Metric(f"p@1 {m}", tuple(v.tolist()), paper_value=PILOT.get(m), note="pilot") for m, v in main.items()]
     r = config.margin_reason
     comps: list[Comparison] = [
         seedwise("p@1(OPD²) - p@1(OPD)", (main["opd2"] - main["opd"]).tolist(), margin=0.20, margin_reason=r),
@@ -181,7 +179,7 @@ def run(config: Config) -> Result:
             Comparison("strong: p@1(OPD) - p@1(init)", tuple((strong["opd"] - strong["init"]).tolist()),
                        margin_reason="pilot: OPD drags a strong student below init, reported", asserted=False),
         ]  # fmt: skip
-    notes = "paper_value column = spec 13 section 7 pilot (3 seeds)."
+    notes = "paper_value column = docs: methods/opd2.md pilot (3 seeds)."
     return Result(tuple(metrics), tuple(comps), notes=notes)
 
 

@@ -2,21 +2,21 @@
 
 Claim: replacing FlowRL's learned log-partition by the in-batch Monte Carlo estimate (with
 flow-gap clipping and a capped IS weight) makes trajectory-balance training converge to the
-distribution-matching target :math:`p^\\star \\propto \\pi_{ref} e^{\\beta r}` (several rewarded modes
+distribution-matching target $p^\\star \\propto \\pi_{ref} e^{\\beta r}$ (several rewarded modes
 kept), unlike GRPO (mode collapse), and keeps gradients orders of magnitude smaller than FlowRL's.
 
-Toy (spec 14, section 7): one prompt, a 16-armed bandit, arms 0-3 rewarded (r = 1), reference
+Toy (docs: methods/gflowrl.md): one prompt, a 16-armed bandit, arms 0-3 rewarded (r = 1), reference
 logits (2, 1, 0, -1, 0, ..., 0), beta = 8; policy logits start at log pi_ref; SGD lr 0.2 for 1500
 steps with G = 16 samples per step, one on-policy update per batch (w = 1). Methods: GRPO
 (std-normalised advantages, clipped_ratio_loss, token mean; zero-variance batches give zero
-gradient), GFlowRL (:func:`posttrain.estimators.gflowrl.gflowrl_loss`, Eq. 7 bounds as printed:
+gradient), GFlowRL (`posttrain.estimators.gflowrl.gflowrl_loss`, Eq. 7 bounds as printed:
 max_up 0.2, max_down 0.28; all length variants coincide for |y| = 1), FlowRL as published
-(:func:`~posttrain.estimators.gflowrl.flowrl_loss`: z-scored reward, beta 15, scalar log Z ~ N(0.5, 1)
+(`flowrl_loss`: z-scored reward, beta 15, scalar log Z ~ N(0.5, 1)
 learned with SGD lr 0.01). Metrics: TV(pi, p*), the entropy H_c of pi restricted to the rewarded arms,
 max per-step gradient norm of the policy logits. 8 paired seeds (same sampling noise across methods).
-Reported extra: GFlowRL with swapped clip bounds (max_up 0.28, max_down 0.2), spec 14 section 10.1.
+Reported extra: GFlowRL with swapped clip bounds (max_up 0.28, max_down 0.2), docs: methods/gflowrl.md.
 
-Simplifications: none beyond the spec's toy; the gradient norm excludes FlowRL's log Z.
+Simplifications: none beyond our toy; the gradient norm excludes FlowRL's log Z.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Config:
     tv_margin: float = 0.15
     hc_margin: float = 0.4
     grad_factor: float = 10.0
-    margin_reason: str = "spec 14 §7 pass criteria"
+    margin_reason: str = "docs: methods/gflowrl.md pass criteria"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -123,7 +123,7 @@ def run(config: Config) -> Result:
             f"{key} {m}",
             tuple(v.tolist()),
             paper_value=paper.get((m, key)),
-            note="spec pilot" if (m, key) in paper else "",
+            note="pilot" if (m, key) in paper else "",
         )
         for m, r in out.items()
         for key, v in r.items()
@@ -154,7 +154,7 @@ def run(config: Config) -> Result:
         Comparison(
             "TV_GF - TV_GF(swapped clip)",
             tuple(npd(gf["tv"] - out["gflowrl_swapped"]["tv"])),
-            margin_reason="clip-direction ablation (spec 14 §10.1), reported",
+            margin_reason="clip-direction ablation (docs: methods/gflowrl.md), reported",
             asserted=False,
         ),
     ]

@@ -6,19 +6,19 @@ conditional frontier — both search-heavy and update-heavy allocations lose at 
 policies prefer a higher update fraction ``p`` (they buy fewer steps per FLOP), and charging a
 reward model's FLOPs moves the best ``p`` down.
 
-Toy (spec 15, section 7): (a) the hand-computed accounting cases, asserted to 1e-12 relative error;
+Toy (docs: methods/race.md): (a) the hand-computed accounting cases, asserted to 1e-12 relative error;
 (b) a simulated GRPO bandit: 128 prompts x 16 answers (answer 0 correct), tabular softmax policy;
 "model size" ``N in {1, 3, 14}`` (relative units) sets the FLOPs per token and the prior quality
 ``z[p, 0] = c_0(N) + N(0, 1)`` (other logits 0); per step 16 prompts, ``G`` rollouts each,
 max-variance down-sampling to one correct + one wrong rollout (prompt skipped if all rewards are
 equal), update ``z_p += 0.5 lr (e_correct - e_wrong)``. Accounting with one token per rollout via
-:func:`posttrain.theory.race_flops.flops_per_step` (full fine-tuning, rule reward or a PRM of size
+`posttrain.theory.race_flops.flops_per_step` (full fine-tuning, rule reward or a PRM of size
 14); ``U = floor(C / C_step)`` steps at ``C = 4e5``. Metric: mean probability of the correct answer.
 
 Simplifications: model size is only a FLOP multiplier plus a prior-quality offset (no capacity);
 the down-sampled pair is charged even when a prompt is skipped (the planned ``k = 2``). Orderings
 of argmaxes are single events over seed means, recorded as +1/-1 differences. The RACE fit
-(:func:`posttrain.theory.race_fit.race_fit` on the 5-point frontier of each condition) is reported,
+(`posttrain.theory.race_fit.race_fit` on the 5-point frontier of each condition) is reported,
 not asserted.
 """
 
@@ -66,7 +66,7 @@ def _step_split(config: Config, n: float, group: int, reward: str) -> tuple[floa
 
 
 def _accounting_errors() -> list[float]:
-    """Relative errors of the spec's hand-computed cases (section 7a)."""
+    """Relative errors of our hand-computed cases (section 7a)."""
     tp, tr = np.full(2, 100.0), np.full((2, 4), 50.0)
     full = flops_per_step(tp, tr, policy=PolicyCost(1e9))
     lora = flops_per_step(tp, tr, policy=PolicyCost(1e9, n_lora=1e7, lora=True), ref_forward=True)
@@ -130,7 +130,7 @@ def run(config: Config) -> Result:
     comparisons.append(
         exact_criterion(
             "1e-12 - accounting relative error", (1e-12 - max(errs),), margin=0.0,
-            reason="spec criterion 1: closed-form FLOP accounting against its hand count (deterministic)",
+            reason="criterion 1: closed-form FLOP accounting against its hand count (deterministic)",
         )
     )  # fmt: skip
 
@@ -153,18 +153,18 @@ def run(config: Config) -> Result:
         return exact_criterion(name, (gap,), margin=0.0, reason=f"{reason}: {selected}")
 
     bs, bl = best(("S", "rule")), best(("L", "rule"))
-    comparisons.append(order("argmax G of S - argmax G of L", grid[bs] - grid[bl], "spec criterion 2"))
+    comparisons.append(order("argmax G of S - argmax G of L", grid[bs] - grid[bl], "criterion 2"))
     a_s, a_l = acc[("S", "rule")], acc[("L", "rule")]
     comparisons.append(
         mean_criterion(
             "S: acc(G*_S) - acc(G*_L)", a_s[:, bs] - a_s[:, bl], margin=0.0,
-            reason="spec criterion 2 (paired over seeds; t interval above 0 instead of 3 SE)",
+            reason="criterion 2 (paired over seeds; t interval above 0 instead of 3 SE)",
         )
     )  # fmt: skip
     comparisons.append(
         mean_criterion(
             "L: acc(G*_L) - acc(G*_S)", a_l[:, bl] - a_l[:, bs], margin=0.0,
-            reason="spec criterion 2: the larger policy prefers its own optimum (paired over seeds)",
+            reason="criterion 2: the larger policy prefers its own optimum (paired over seeds)",
         )
     )  # fmt: skip
     for size in ("S", "M", "L"):
@@ -174,7 +174,7 @@ def run(config: Config) -> Result:
             Comparison(
                 f"{size}: acc(G*) - min_G acc",
                 tuple(a[:, best((size, "rule"))] - a[:, worst]),
-                margin_reason="spec criterion 3: non-trivial frontier",
+                margin_reason="criterion 3: non-trivial frontier",
             )
         )
     a_m, bm = acc[("M", "rule")], best(("M", "rule"))
@@ -183,27 +183,27 @@ def run(config: Config) -> Result:
             Comparison(
                 f"M: acc(G*) - acc(G={grid[end]})",
                 tuple(a_m[:, bm] - a_m[:, end]),
-                margin_reason="spec criterion 3: both ends of the grid lose for M",
+                margin_reason="criterion 3: both ends of the grid lose for M",
             )
         )
     p_rule_m, p_prm_m = p_of[("M", "rule")][bm], p_of[("M", "prm")][best(("M", "prm"))]
     p_rule_l, p_prm_l = p_of[("L", "rule")][bl], p_of[("L", "prm")][best(("L", "prm"))]
-    comparisons.append(order("p*_rule(M) - p*_PRM(M)", p_rule_m - p_prm_m, "spec criterion 4"))
+    comparisons.append(order("p*_rule(M) - p*_PRM(M)", p_rule_m - p_prm_m, "criterion 4"))
     a_mp, bmp = acc[("M", "prm")], best(("M", "prm"))
     comparisons.append(
         mean_criterion(
             "M PRM: acc(G*_PRM) - acc(G*_rule)", a_mp[:, bmp] - a_mp[:, bm], margin=0.0,
-            reason="spec criterion 4: with PRM FLOPs charged, M prefers its lower-p optimum (paired over seeds)",
+            reason="criterion 4: with PRM FLOPs charged, M prefers its lower-p optimum (paired over seeds)",
         )
     )  # fmt: skip
     comparisons.append(
-        order("p*_rule(L) - p*_PRM(L) (>= 0)", p_rule_l - p_prm_l + 1e-12, "spec criterion 4, '<=' only (near tie)")
+        order("p*_rule(L) - p*_PRM(L) (>= 0)", p_rule_l - p_prm_l + 1e-12, "criterion 4, '<=' only (near tie)")
     )
     u_s, u_l = np.asarray(steps_of[("S", "rule")]), np.asarray(steps_of[("L", "rule")])
     comparisons.append(
         exact_criterion(
             "min over G of U_S - 10 U_L (>= 0)", (float(np.min(u_s - 10 * u_l)) + 0.5,), margin=0.0,
-            reason="spec criterion 5: integer step counts from the closed-form accounting (deterministic)",
+            reason="criterion 5: integer step counts from the closed-form accounting (deterministic)",
         )
     )  # fmt: skip
     series = {

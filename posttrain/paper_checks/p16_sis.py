@@ -5,7 +5,7 @@ rejection test against the behaviour policy; accepted tokens trained on-policy, 
 the clipped ratio) is more robust as data become more off-policy (N mini-batch updates per
 rollout), at no cost when training is on-policy.
 
-Toy (spec 16, section 7): 32 prompts, a tabular autoregressive policy over sequences of length 3
+Toy (docs: methods/sis.md): 32 prompts, a tabular autoregressive policy over sequences of length 3
 from 8 tokens (73 context nodes x 8 logits per prompt, initialised at 0); dense reward = fraction
 of positions matching the prompt's random target; exact E[r] by enumerating 512 sequences. GRPO
 advantages (group z-score, G = 8), mini-batches of B = 16 prompts, plain SGD (lr 0.5 on the
@@ -16,14 +16,14 @@ envelope) and K = 4; no correction and unclipped IS as context. 10 seeds (the pa
 paired (same targets, prompt draws and sampling noise across methods); the rejection uniforms u
 come from their own stream, so at N = 1 SIS and PPO are bit-identical.
 
-SIS is the released form (:mod:`posttrain.estimators.sis`): the acceptance test has no top-K
+SIS is the released form (`posttrain.estimators.sis`): the acceptance test has no top-K
 membership rule and the divergences are per-sequence means with the rejected tokens' clipped
 |log rho|. ``sis_k4_topk`` (reported) is K = 4 under the earlier reconstruction, which always
 rejected a sampled token outside the behaviour's top-K; with K = V the two tests coincide, so the
 asserted SIS rows do not depend on that choice. GRPO + SIS is the same in both forms.
 
 Simplifications: none beyond the paper's toy; SIS is applied through
-:func:`posttrain.estimators.sis.sis_loss` exactly as in an LLM trainer.
+`posttrain.estimators.sis.sis_loss` exactly as in an LLM trainer.
 
 Asserted (the paper's criteria): for N in {8, 16} paired mean(SIS - PPO) > 0.03 and SIS > PPO in
 >= 5/6 of the seeds; N = 1 bit-identical; robustness [PPO(1) - PPO(16)] - [SIS(1) - SIS(16)] > 0.05

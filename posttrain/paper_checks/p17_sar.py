@@ -1,19 +1,19 @@
 """Paper 17: Spectral rewiring (SAR) (Zhang et al. 2026, arXiv:2607.03065).
 
-Claim (toy version of spec 17, section 7): the RL gain of a softmax policy whose base weight has a
+Claim (toy version of the paper (docs: methods/sar.md)): the RL gain of a softmax policy whose base weight has a
 dominant spectral subspace is carried by a rank-k component aligned with the base singular frame;
 SAR keeps >= 95% of it, a random subspace of the same rank keeps almost nothing, the gain grows
 with k, off-diagonal rewiring carries most of it (diagonal rescaling does not), and SAR-merging two
 RL experts is at least as good as task arithmetic and clearly better than averaging or the best
 single expert.
 
-Environment: :mod:`posttrain.simulators.spectral_bandit` (m=32 actions, n=64 inputs, dominant rank
+Environment: `posttrain.simulators.spectral_bandit` (m=32 actions, n=64 inputs, dominant rank
 8), GRPO with the package's ``group_normalized_advantages`` + ``clipped_ratio_loss`` (on-policy,
 ratio 1) and Adam (lr 0.01), 300 updates of 64 inputs x 8 samples, float64; the extraction run and
 the two merging experts of each seed train together as one batch of runs.
 
 Simplifications (stated): the group std is Bessel-corrected with eps 1e-6 (the package's GRPO;
-the spec uses the population std); the two experts' teachers share the seed's base and draw their
+the paper uses the population std); the two experts' teachers share the seed's base and draw their
 M* from independent generators; retained gain G(W') = (acc(W') - acc(W0)) / (acc(W_RL) - acc(W0)).
 """
 
@@ -55,7 +55,7 @@ class Config:
     merge_naive_slack: float = 0.005
     merge_vs_average: float = 0.05
     merge_vs_single: float = 0.10
-    margin_reason: str = "spec 17 section 7 pass criteria, every seed (calibrated on the spec's pilot; not tuned here)"
+    margin_reason: str = "docs: methods/sar.md pass criteria, every seed (calibrated on our pilot; not tuned here)"
 
     @classmethod
     def smoke(cls) -> Config:
@@ -133,20 +133,20 @@ def run(cfg: Config) -> Result:
     why = cfg.margin_reason
     g8 = g_k[cfg.k_main]
     metrics = (
-        Metric("acc base", t(acc0), note="spec calibration 0.09-0.12"),
-        Metric("acc RL", t(acc_rl), note="spec calibration 0.58-0.69"),
+        Metric("acc base", t(acc0), note="calibration 0.09-0.12"),
+        Metric("acc RL", t(acc_rl), note="calibration 0.58-0.69"),
         *(Metric(f"G(SAR r=32, k={k})", t(v)) for k, v in g_k.items()),
-        Metric("G(low-rank only, k=8)", t(g_lowrank), note="spec 1.001-1.004"),
+        Metric("G(low-rank only, k=8)", t(g_lowrank), note="calibration 1.001-1.004"),
         *(Metric(f"G(SAR r=8, k={k})", t(v)) for k, v in g_r8.items()),
-        Metric("G(diagonal M)", t(g_diag), note="spec 0.10-0.15"),
-        Metric("G(off-diagonal M)", t(g_off), note="spec 0.85-0.89"),
-        Metric("G(random rank-8 subspace)", t(g_rand), note="spec 0.03-0.05"),
-        Metric("G(complement of top-8 block)", t(g_comp), note="spec 0.36-0.46"),
-        Metric("merge: SAR", t(sar_m), note="spec 0.61-0.67"),
+        Metric("G(diagonal M)", t(g_diag), note="calibration 0.10-0.15"),
+        Metric("G(off-diagonal M)", t(g_off), note="calibration 0.85-0.89"),
+        Metric("G(random rank-8 subspace)", t(g_rand), note="calibration 0.03-0.05"),
+        Metric("G(complement of top-8 block)", t(g_comp), note="calibration 0.36-0.46"),
+        Metric("merge: SAR", t(sar_m), note="calibration 0.61-0.67"),
         Metric("merge: naive", t(naive)),
         Metric("merge: average", t(average)),
         Metric("merge: TIES", t(ties)),
-        Metric("best single expert", t(single), note="spec 0.40-0.46"),
+        Metric("best single expert", t(single), note="calibration 0.40-0.46"),
     )
     every = lambda name, d, m: fraction_criterion(name, t(d), fraction=1.0, margin=m, reason=why)  # noqa: E731
     comparisons = (

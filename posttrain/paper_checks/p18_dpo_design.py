@@ -6,14 +6,14 @@ the RLHF gap of DPO trained on ``n`` labels from a design ``q`` behaves as
 (plug-in ``D*(theta_0)``) needs far fewer labels than uniform pairs, and the ``pi_0``-weighted
 heuristic is worst. The bound's trace orders the designs as the empirical gaps do.
 
-Toy (spec 18, section 7), exactly realizable: one prompt, ``d = 20`` completions, ``pi_0(k) ~ k^-2``,
+Toy (docs: methods/dpo_design.md), exactly realizable: one prompt, ``d = 20`` completions, ``pi_0(k) ~ k^-2``,
 ``beta = 1``, ``theta* ~ N(0, 0.3^2 I)`` centred; edges = all 190 pairs, ``g_e = beta (e_a - e_b)``.
 Designs: plug-in (Frank-Wolfe on ``tr(I(0) A(q)^-1)``, ``A = Sigma_q + 1e-6 11^T``, 1,500 iterations),
 uniform, ``pi_0``-pair heuristic. Labels: ``n`` i.i.d. edges from ``q``, Bradley-Terry outcomes. DPO
 fit: ridge-1 logistic MLE on the aggregated edge counts (Newton, batched over seeds x replicates x
 designs x budgets). Metric: exact gap ``beta KL(pi_hat || pi*)``.
 
-Simplifications: the normalisation of ``I`` is the spec's reconstruction (constant 1 in
+Simplifications: the normalisation of ``I`` is our reconstruction (constant 1 in
 ``n gap ~ trace``); the oracle design ``D*(theta*)`` is not run; seeds are draws of ``theta*``, each
 averaged over ``replicates`` label sets.
 

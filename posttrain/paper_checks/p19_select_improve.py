@@ -1,12 +1,12 @@
 """Paper 19: RL selects among SFT strategies and improves them only with harder data (arXiv:2606.13125).
 
-Krishnamurthy, Huang, Rajaraman 2026, "Select and Improve". Claim (spec 19 §7): after SFT -> GRPO,
+Krishnamurthy, Huang, Rajaraman 2026, "Select and Improve". Claim (docs: methods/select_improve.md): after SFT -> GRPO,
 (i) a mixed-strategy (FB) SFT model routes each problem type to its natural strategy and reaches
 >= 90% on long chains when the RL data is hard; (ii) single-strategy models never fix their
 unnatural type; (iii) long-chain skill improves only with hard RL data; (iv) easy RL gives selection
 without improvement; (v) the forward share follows the type mix (amplification = selection).
 
-Toy: the strategy-routing chain policy of :mod:`posttrain.simulators.strategy_routing` (p = 11,
+Toy: the strategy-routing chain policy of `posttrain.simulators.strategy_routing` (p = 11,
 T0 = 5, kappa = 0.5, e = (6.0, 1.5)); SFT 200 Adam steps (lr 0.1, batch 256, L in 2..5); GRPO 200
 plain-SGD updates (lr 2.0, B = 64, G = 8, population-std advantages, no KL, no clipping) on L in
 2..5 or 6..9. Validation is exact on L in 6..9. All runs of all seeds train in one batched
@@ -14,9 +14,9 @@ computation; each (seed, SFT config, RL config) has its own generator.
 
 Simplifications: abstract strategies instead of tokens (the toy encodes the mechanisms
 structurally and so validates the SFT -> GRPO implementation and the measurement code rather than
-testing the hypothesis independently, spec 19 §7). "Every seed" criteria are asserted as the
+testing the hypothesis independently, docs: methods/select_improve.md). "Every seed" criteria are asserted as the
 worst seed (``_seeds.py``). The selection/improvement split is exact (our diagnostic); it is also
-measured from sampled, strategy-labelled rollouts with :func:`posttrain.theory.select_improve.strategy_table`
+measured from sampled, strategy-labelled rollouts with `posttrain.theory.select_improve.strategy_table`
 (reported). The paper's Table 1 numbers are attached as paper values; the toy's same-difficulty
 single-strategy changes are small rises where the paper has small drops (bounded, not signed).
 """
@@ -77,7 +77,9 @@ class Config:
     skews: tuple[float, ...] = (0.75, 0.9)
     share_window: int = 20
     rollouts_per_type: int = 4000
-    margin_reason: str = "spec 19 §7 pass criteria (calibrated values clear them by >= 2x the seed spread)"
+    margin_reason: str = (
+        "docs: methods/select_improve.md pass criteria (calibrated values clear them by >= 2x the seed spread)"
+    )
 
     @classmethod
     def smoke(cls) -> Config:

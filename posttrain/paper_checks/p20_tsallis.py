@@ -1,17 +1,17 @@
-r"""Paper 20: the Tsallis loss continuum :math:`J_Q` escapes cold start faster as q grows.
+r"""Paper 20: the Tsallis loss continuum $J_Q$ escapes cold start faster as q grows.
 
-Claim (Lin & Ie 2026, arXiv:2604.25907): every member :math:`\ell_q = -\ln_q P` of the loss family
-has the gradient direction :math:`\nabla P` scaled by :math:`P^{-q}`; under gradient flow the
-escape time from a success probability :math:`p_0` is :math:`\Omega(1/p_0)` for RLVR (q = 0) and
-:math:`\Theta(\log 1/p_0)` for the marginal likelihood (q = 1), so GARL with q = 0.75 escapes a
+Claim (Lin & Ie 2026, arXiv:2604.25907): every member $\ell_q = -\ln_q P$ of the loss family
+has the gradient direction $\nabla P$ scaled by $P^{-q}$; under gradient flow the
+escape time from a success probability $p_0$ is $\Omega(1/p_0)$ for RLVR (q = 0) and
+$\Theta(\log 1/p_0)$ for the marginal likelihood (q = 1), so GARL with q = 0.75 escapes a
 cold start that q = 0 (REINFORCE-RLOO) barely leaves; the price is that q = 1 memorises label
-noise (the minimiser over a noisy label distribution :math:`\alpha` is the escort
-:math:`\alpha^{1/q}/\sum\alpha^{1/q}`).
+noise (the minimiser over a noisy label distribution $\alpha$ is the escort
+$\alpha^{1/q}/\sum\alpha^{1/q}$).
 
 Three checks (spec ``20-tsallis-loss.md`` §7):
 
 - **20a** escape-time scaling (theory, no randomness): models M1 (sigmoid) and M2 (K-armed
-  softmax) of the spec's *reconstructed* flow model, slopes on a 7-point p0 grid, ordering in q,
+  softmax) of our *reconstructed* flow model, slopes on a 7-point p0 grid, ordering in q,
   closed forms vs quadrature, M2 = (K-1)/K M1, discrete gradient ascent vs the flow time.
 - **20b** stochastic cold-start escape on a K-armed bandit (K in {256, 1024}, p0 = 1/K, one
   rewarded arm, M = 32 samples per step, SGD lr 1.0, stop at exact P >= 1/2 or 4000 steps),
@@ -21,14 +21,14 @@ Three checks (spec ``20-tsallis-loss.md`` §7):
   against the flow model's (reported, shown in the overview): the flow model predicts the
   speed-up to grow with 1/p0, while in the sampled bandit every method first waits ~K/M steps for
   a rewarded sample, a term the flow does not have.
-- **20c** noise memorisation: BFGS minimiser of :math:`E_{y\sim\alpha}\ell_q` equals the escort.
+- **20c** noise memorisation: BFGS minimiser of $E_{y\sim\alpha}\ell_q$ equals the escort.
 
 Simplifications: the verifier setting (V) only (binary reward, no pathwise answer term); a
 single prompt; the GARL/PAFT formulas and the flow model are *reconstructed* from the abstracts
-(spec §1); on-policy single updates through the PPO-clip surrogate at ratio 1 (= REINFORCE);
+(the paper); on-policy single updates through the PPO-clip surrogate at ratio 1 (= REINFORCE);
 censored runs count as 4000 steps. Step counts are deterministic per seed; the seeds are paired
 (the same sampling stream for every method). The computations (formula errors, the bandit
-experiment) are in :mod:`posttrain.paper_checks._p20_experiments`.
+experiment) are in `posttrain.paper_checks._p20_experiments`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class EscapeConfig:
         return cls()
 
 
-# The spec's reference log-log slopes for M1 (§3.4), shown beside the measured ones.
+# Our reference log-log slopes for M1 (§3.4), shown beside the measured ones.
 _REFERENCE_SLOPES = {0.0: 0.990, 0.25: 0.739, 0.5: 0.495, 0.75: 0.274, 0.9: 0.169, 1.0: 0.115}
 
 
@@ -112,10 +112,10 @@ def run_escape(cfg: EscapeConfig) -> Result:
     times = {q: np.array([th.escape_time(p, q, p_esc=cfg.p_esc) for p in p0s]) for q in cfg.qs}
     fits = {q: th.fit_escape_slope(p0s, t) for q, t in times.items()}
     metrics = [
-        Metric(f"log-log slope q={q:g}", (fits[q].loglog,), paper_value=_REFERENCE_SLOPES.get(q), note="spec reference")
+        Metric(f"log-log slope q={q:g}", (fits[q].loglog,), paper_value=_REFERENCE_SLOPES.get(q), note="reference")
         for q in cfg.qs
     ]
-    metrics.append(Metric("semilog slope q=1", (fits[1.0].semilog,), paper_value=1.002, note="spec reference"))
+    metrics.append(Metric("semilog slope q=1", (fits[1.0].semilog,), paper_value=1.002, note="reference"))
     comps = []
     for q in (0.0, 0.25, 0.5):
         comps.append(
@@ -123,7 +123,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
                 f"|b_q - (1-q)| <= tol, q={q:g}",
                 cfg.slope_tolerance - abs(fits[q].loglog - (1.0 - q)),
                 at_least=0.0,
-                reason="spec 7a: asymptotic slope 1-q within 0.05 on this grid",
+                reason="criterion 7a: asymptotic slope 1-q within 0.05 on this grid",
             )
         )
     lo, hi = cfg.slope_075_range
@@ -132,7 +132,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
             "b_0.75 in [0.22, 0.32]",
             min(fits[0.75].loglog - lo, hi - fits[0.75].loglog),
             at_least=0.0,
-            reason="spec 7a: pre-asymptotic log term inflates the slope above 0.25",
+            reason="criterion 7a: pre-asymptotic log term inflates the slope above 0.25",
         )
     )
     lo, hi = cfg.semilog_range
@@ -141,7 +141,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
             "q=1: T vs log(1/p0) slope in [0.95, 1.05]",
             min(fits[1.0].semilog - lo, hi - fits[1.0].semilog),
             at_least=0.0,
-            reason="spec 7a: T_1 = log(1/p0) + O(1)",
+            reason="criterion 7a: T_1 = log(1/p0) + O(1)",
         )
     )
     comps.append(
@@ -149,7 +149,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
             "q=1: log-log slope < 0.2",
             cfg.loglog_max_q1 - fits[1.0].loglog,
             at_least=0.0,
-            reason="spec 7a: logarithmic, not polynomial",
+            reason="criterion 7a: logarithmic, not polynomial",
         )
     )
     qs = sorted(cfg.qs)
@@ -159,7 +159,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
             "T_q strictly decreasing in q (min relative gap)",
             (min(gaps),),
             margin=0.0,
-            reason="spec 7a: ordering at every grid point (deterministic)",
+            reason="criterion 7a: ordering at every grid point (deterministic)",
         )
     )
     cf_err = closed_form_error(p0s, p_esc=cfg.p_esc)
@@ -168,12 +168,14 @@ def run_escape(cfg: EscapeConfig) -> Result:
             "closed forms vs quadrature (1e-8 - max rel err)",
             cfg.closed_form_rtol - cf_err,
             at_least=0.0,
-            reason="spec 7a: rel. 1e-8",
+            reason="criterion 7a: rel. 1e-8",
         )
     )
     m2_err = m2_error(sorted({round(1.0 / p) for p in p0s}), cfg.qs, p_esc=cfg.p_esc)
     comps.append(
-        _single("M2 = (K-1)/K M1 (1e-4 - max rel err)", cfg.m2_rtol - m2_err, at_least=0.0, reason="spec 7a: rel. 1e-4")
+        _single(
+            "M2 = (K-1)/K M1 (1e-4 - max rel err)", cfg.m2_rtol - m2_err, at_least=0.0, reason="criterion 7a: rel. 1e-4"
+        )
     )
     d_err = discrete_error(cfg.discrete_p0s, cfg.discrete_qs, eta=cfg.eta, p_esc=cfg.p_esc)
     comps.append(
@@ -181,7 +183,7 @@ def run_escape(cfg: EscapeConfig) -> Result:
             "discrete steps * eta vs T (0.05 - max rel err)",
             cfg.discrete_rtol - d_err,
             at_least=0.0,
-            reason="spec 7a: +/- 5 %",
+            reason="criterion 7a: +/- 5 %",
         )
     )
     metrics += [
@@ -228,7 +230,7 @@ class StochasticConfig:
         return cls(arms=(256,), seeds=10)  # a fraction criterion needs >= 6 seeds to pass at all
 
 
-# Spec pilot medians of escape steps (10 seeds), by K.
+# Pilot medians of escape steps (10 seeds), by K.
 _PILOT = {
     256: {"RLOO": 271, "GRPO": 66, "GARL q=0.5": 64, "GARL q=0.75": 33, "GARL q=1": 17, "PAFT q=0.75": 34},
     1024: {"RLOO": 1103, "GRPO": 225, "GARL q=0.5": 224, "GARL q=0.75": 135, "GARL q=1": 77, "PAFT q=0.75": 135},
@@ -249,7 +251,7 @@ def run_stochastic(cfg: StochasticConfig) -> Result:
     lines: dict[str, list[float]] = {}
     log_ratio: dict[int, np.ndarray] = {}
     flow_ratio: dict[int, float] = {}
-    reason = "spec 7b pass criterion"
+    reason = "criterion 7b pass criterion"
     for k_arms in cfg.arms:
         steps = {
             name: escape_steps(
@@ -326,7 +328,7 @@ def run_stochastic(cfg: StochasticConfig) -> Result:
                 f"K={k_arms}: T_GRPO - T_{key} (reported)",
                 steps["GRPO"] - steps[key],
                 margin=0.0,
-                reason="spec 7b: reported, not asserted (pilot: 10/10)",
+                reason="criterion 7b: reported, not asserted (pilot: 10/10)",
                 asserted=False,
             )
         )
@@ -409,7 +411,7 @@ def run_memorisation(cfg: MemorisationConfig) -> Result:
                 f"TV(fit, escort) <= {cfg.tv_tolerance:g}, q={q:g}",
                 cfg.tv_tolerance - tv,
                 at_least=0.0,
-                reason="spec 7c pass criterion",
+                reason="criterion 7c pass criterion",
             )
         )
     by_q = sorted(cfg.qs, reverse=True)
@@ -419,7 +421,7 @@ def run_memorisation(cfg: MemorisationConfig) -> Result:
                 f"argmax mass grows as q decreases: q={b:g} vs q={a:g}",
                 (float(fitted[b][top] - fitted[a][top]),),
                 margin=0.0,
-                reason="spec 7c pass criterion (deterministic)",
+                reason="criterion 7c pass criterion (deterministic)",
             )
         )
     return Result(tuple(metrics), tuple(comps), notes="Deterministic (BFGS from uniform logits); seeds unused.")

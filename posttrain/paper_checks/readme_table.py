@@ -4,7 +4,7 @@ The table sits between ``<!-- METHOD TABLE -->`` and ``<!-- END METHOD TABLE -->
 columns (paper, estimators, check ids) are hand-written and kept byte for byte; only the last
 column of a row whose ``check`` column names check ids is rewritten: per check the verdict, how many
 asserted criteria pass, the failing asserted criteria with their numbers, and the headline
-comparisons that are only reported. :func:`update_readme` also stores the results next to the
+comparisons that are only reported. `update_readme` also stores the results next to the
 README (``docs/paper_checks/results.json``) so a test can show the table matches them.
 
 Usage: ``posttrain check --out reports --update-readme`` (a full run), or
@@ -26,7 +26,7 @@ __all__ = ["STORED_RESULTS", "check_status", "render_table", "update_readme"]
 
 BEGIN, END = "<!-- METHOD TABLE -->", "<!-- END METHOD TABLE -->"
 STORED_RESULTS = Path("docs") / "paper_checks" / "results.json"
-"""Where :func:`update_readme` keeps the results the table was generated from (relative to the README)."""
+"""Where `update_readme` keeps the results the table was generated from (relative to the README)."""
 _ID = re.compile(r"^\d{2}[a-z]?$")
 
 

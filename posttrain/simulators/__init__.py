@@ -2,11 +2,11 @@
 
 Core API (other simulator modules may be imported directly from their files):
 
-- :mod:`~posttrain.simulators._base`: :class:`SeedRNG` (one generator per seed), :class:`Rollout`,
-  the :class:`ToyEnv` protocol the loop needs;
-- :mod:`~posttrain.simulators.bandits`: :class:`SoftmaxBandit` and exact bandit quantities;
-- :mod:`~posttrain.simulators.tabular`: :class:`TabularSpec`, :class:`TabularEnv`, verifiers;
-- :mod:`~posttrain.simulators.loop`: :func:`train` with an :class:`EstimatorBundle`.
+- `_base`: `SeedRNG` (one generator per seed), `Rollout`,
+  the `ToyEnv` protocol the loop needs;
+- `bandits`: `SoftmaxBandit` and exact bandit quantities;
+- `tabular`: `TabularSpec`, `TabularEnv`, verifiers;
+- `loop`: `train` with an `EstimatorBundle`.
 """
 
 from posttrain.simulators._base import Rollout, SeedRNG, ToyEnv, sample_categorical, uniform

@@ -1,12 +1,12 @@
 """What every toy environment shares: per-seed random streams, categorical sampling, rollouts.
 
-Shapes use the dimension letters of :mod:`posttrain.shapes`; a leading ``*seeds`` batch of any
+Shapes use the dimension letters of `posttrain.shapes`; a leading ``*seeds`` batch of any
 rank (usually none or one) runs independent replicates side by side.
 
-Randomness is explicit. A :class:`SeedRNG` holds one ``torch.Generator`` per seed, and a draw of
+Randomness is explicit. A `SeedRNG` holds one ``torch.Generator`` per seed, and a draw of
 shape ``[S, ...]`` takes row ``s`` from generator ``s``: seed ``s`` gives the same numbers whether
 it runs alone or beside other seeds (paired comparisons across methods rely on this). That one
-Python loop over seeds is in :meth:`SeedRNG.rand` only; everything after the draw is batched.
+Python loop over seeds is in `SeedRNG.rand` only; everything after the draw is batched.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["Generatorish", "Rollout", "SeedRNG", "ToyEnv", "log_softmax_small", 
 class SeedRNG:
     """One ``torch.Generator`` per seed; draws carry a leading seed dimension ``[S, ...]``.
 
-    Example:
+    Examples:
         >>> rng = SeedRNG.from_seeds([3, 4])
         >>> a = rng.rand(2, 5)
         >>> b = SeedRNG.from_seeds([4]).rand(2, 5)
@@ -63,7 +63,7 @@ Generatorish = torch.Generator | SeedRNG
 
 
 def uniform(generator: Generatorish, shape: Sequence[int], *, dtype: torch.dtype = torch.float64) -> Tensor:
-    """Uniform draws of ``shape``; a :class:`SeedRNG` supplies the leading ``shape[0] == S`` axis."""
+    """Uniform draws of ``shape``; a `SeedRNG` supplies the leading ``shape[0] == S`` axis."""
     shape = tuple(int(s) for s in shape)
     if isinstance(generator, SeedRNG):
         if not shape or shape[0] != len(generator):
@@ -86,13 +86,13 @@ def log_softmax_small(logits: Float[Tensor, "*batch A"]) -> Float[Tensor, "*batc
 
 
 def sample_categorical(logits: Float[Tensor, "*batch A"], u: Float[Tensor, "*batch N"]) -> Int[Tensor, "*batch N"]:
-    r"""Inverse-CDF sampling of N draws per row: the smallest :math:`a` with :math:`\sum_{j\le a}\pi_j > u`.
+    r"""Inverse-CDF sampling of N draws per row: the smallest $a$ with $\sum_{j\le a}\pi_j > u$.
 
-    :math:`\pi = \mathrm{softmax}(\text{logits})`, one uniform per draw (so paired methods consume
+    $\pi = \mathrm{softmax}(\text{logits})$, one uniform per draw (so paired methods consume
     identical random numbers); the CDF is built once per row and searched (``searchsorted``);
     arms of probability 0 are never chosen.
 
-    Example:
+    Examples:
         >>> logits = torch.log(torch.tensor([0.2, 0.5, 0.3]))
         >>> sample_categorical(logits, torch.tensor([0.1, 0.5, 0.95])).tolist()
         [0, 1, 2]

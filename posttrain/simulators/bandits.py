@@ -1,17 +1,17 @@
 r"""Softmax bandits: G prompts, A arms, a reward per arm, and the exact answers next to the sampler.
 
-The policy is a logits tensor ``[*seeds, G, A]`` with :math:`\pi_g = \mathrm{softmax}(\theta_g)`;
-the environment (:class:`SoftmaxBandit`) holds the per-arm rewards ``[G, A]``. An arm is
+The policy is a logits tensor ``[*seeds, G, A]`` with $\pi_g = \mathrm{softmax}(\theta_g)$;
+the environment (`SoftmaxBandit`) holds the per-arm rewards ``[G, A]``. An arm is
 *correct* when its reward is 1 (a binary verifier; several correct arms per prompt are allowed;
 dense rewards in ``[0, 1]`` work everywhere except that only reward-1 arms count as successes).
-A bandit is a horizon-1 environment for :mod:`posttrain.simulators.loop`: its responses are
+A bandit is a horizon-1 environment for `posttrain.simulators.loop`: its responses are
 ``[*seeds, G, K, 1]`` token tensors with an all-True mask, so the same estimator functions as the
 LLM trainer apply.
 
 Exact quantities (all differentiable where that makes sense, all batched over ``*seeds`` and G):
-success probability :math:`p_g=\sum_{a\in C_g}\pi_{ga}`, expected reward
-:math:`\sum_a \pi_{ga} r_{ga}`, its gradient :math:`\pi_g\odot(r_g-\bar r_g)`, entropy, pass@k
-:math:`1-(1-p_g)^k`, and :math:`\mathrm{KL}(\pi\|\pi_{ref})`.
+success probability $p_g=\sum_{a\in C_g}\pi_{ga}$, expected reward
+$\sum_a \pi_{ga} r_{ga}$, its gradient $\pi_g\odot(r_g-\bar r_g)$, entropy, pass@k
+$1-(1-p_g)^k$, and $\mathrm{KL}(\pi\|\pi_{ref})$.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def _check_logits(logits: Tensor, num_arms: int | None = None) -> Tensor:
 
 
 def sample_arms(logits: Float[Tensor, "*seeds G A"], k: int, generator: Generatorish) -> Int[Tensor, "*seeds G K"]:
-    """Draw ``k`` arms per prompt from :math:`\\mathrm{softmax}(\\theta)`, one uniform per draw.
+    """Draw ``k`` arms per prompt from $\\mathrm{softmax}(\\theta)$, one uniform per draw.
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> sample_arms(torch.tensor([[0.0, -1e9]]), 4, g).tolist()
         [[0, 0, 0, 0]]
@@ -63,9 +63,9 @@ def sample_arms(logits: Float[Tensor, "*seeds G A"], k: int, generator: Generato
 
 
 def success_prob(logits: Float[Tensor, "*seeds G A"], correct: Bool[Tensor, "G A"]) -> Float[Tensor, "*seeds G"]:
-    r"""Exact success probability :math:`p_g = \sum_{a \in C_g} \pi_{ga}` (differentiable).
+    r"""Exact success probability $p_g = \sum_{a \in C_g} \pi_{ga}$ (differentiable).
 
-    Example:
+    Examples:
         >>> success_prob(torch.zeros(1, 4), torch.tensor([[True, True, False, False]])).tolist()
         [0.5]
     """
@@ -75,15 +75,15 @@ def success_prob(logits: Float[Tensor, "*seeds G A"], correct: Bool[Tensor, "G A
 
 
 def expected_reward(logits: Float[Tensor, "*seeds G A"], rewards: Float[Tensor, "G A"]) -> Float[Tensor, "*seeds G"]:
-    r"""Exact expected reward :math:`J_g = \sum_a \pi_{ga} r_{ga}` (differentiable)."""
+    r"""Exact expected reward $J_g = \sum_a \pi_{ga} r_{ga}$ (differentiable)."""
     _check_logits(logits, rewards.shape[-1])
     return (torch.softmax(logits, dim=-1) * rewards.to(logits.dtype)).sum(-1)
 
 
 def reward_gradient(logits: Float[Tensor, "*seeds G A"], rewards: Float[Tensor, "G A"]) -> Float[Tensor, "*seeds G A"]:
-    r"""Exact policy gradient :math:`\nabla_{\theta_g} J_g = \pi_g \odot (r_g - J_g)` of the expected reward.
+    r"""Exact policy gradient $\nabla_{\theta_g} J_g = \pi_g \odot (r_g - J_g)$ of the expected reward.
 
-    Example:
+    Examples:
         >>> reward_gradient(torch.zeros(1, 2), torch.tensor([[1.0, 0.0]])).tolist()
         [[0.25, -0.25]]
     """
@@ -94,7 +94,7 @@ def reward_gradient(logits: Float[Tensor, "*seeds G A"], rewards: Float[Tensor, 
 
 
 def bandit_entropy(logits: Float[Tensor, "*seeds G A"]) -> Float[Tensor, "*seeds G"]:
-    r"""Entropy :math:`-\sum_a \pi_a \log \pi_a` in nats (0-probability arms contribute 0)."""
+    r"""Entropy $-\sum_a \pi_a \log \pi_a$ in nats (0-probability arms contribute 0)."""
     _check_logits(logits)
     logp = torch.log_softmax(logits, dim=-1)
     return -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
@@ -103,7 +103,7 @@ def bandit_entropy(logits: Float[Tensor, "*seeds G A"]) -> Float[Tensor, "*seeds
 def bandit_kl(
     logits: Float[Tensor, "*seeds G A"], ref_logits: Float[Tensor, "*seeds G A"]
 ) -> Float[Tensor, "*seeds G"]:
-    r"""Exact :math:`\mathrm{KL}(\pi\|\pi_{ref}) = \sum_a \pi_a(\log\pi_a - \log\pi^{ref}_a)` per prompt.
+    r"""Exact $\mathrm{KL}(\pi\|\pi_{ref}) = \sum_a \pi_a(\log\pi_a - \log\pi^{ref}_a)$ per prompt.
 
     Reverse KL; swap the arguments for the forward one.
     """
@@ -121,7 +121,7 @@ class SoftmaxBandit:
     Attributes:
         rewards: ``[G, A]`` rewards in ``[0, 1]``; arms with reward 1 are the correct ones.
 
-    Example:
+    Examples:
         >>> g = torch.Generator().manual_seed(0)
         >>> env = SoftmaxBandit.with_correct_arms(num_prompts=2, num_arms=4, num_correct=1, generator=g)
         >>> logits = torch.zeros(2, 4, dtype=torch.float64)
@@ -155,7 +155,7 @@ class SoftmaxBandit:
     def prior_logits(
         self, *, scale: float, generator: torch.Generator, boost: float = 0.0, seeds: int | None = None
     ) -> Float[Tensor, "*seeds G A"]:
-        """Initial logits :math:`\\mathcal N(0, \\text{scale}^2)` plus ``boost`` on the correct arms (a prior of chosen quality).
+        """Initial logits $\\mathcal N(0, \\text{scale}^2)$ plus ``boost`` on the correct arms (a prior of chosen quality).
 
         ``seeds`` adds a leading seed axis (drawn from the one generator, seed after seed).
         """

@@ -1,10 +1,10 @@
-"""Branching from a stored prefix of a tabular autoregressive policy (RAIL's interventions, spec 11).
+"""Branching from a stored prefix of a tabular autoregressive policy (RAIL's interventions, docs: methods/rail.md).
 
-:func:`continue_sequences` keeps the first ``depth`` tokens of a prefix and samples the rest from
-the tempered policy :math:`\\mathrm{softmax}(\\theta/\\tau)` (one uniform per position, a loop over
-the T positions only); :func:`node_entropy` gives the normalised next-token entropy at every prefix
+`continue_sequences` keeps the first ``depth`` tokens of a prefix and samples the rest from
+the tempered policy $\\mathrm{softmax}(\\theta/\\tau)$ (one uniform per position, a loop over
+the T positions only); `node_entropy` gives the normalised next-token entropy at every prefix
 of a batch of sequences (the candidate-state feature and the static heuristic's trigger). Builds on
-:mod:`posttrain.simulators.tabular` (no EOS: every sequence has the full horizon).
+`posttrain.simulators.tabular` (no EOS: every sequence has the full horizon).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def continue_sequences(
 ) -> Int[Tensor, "*lead G M T"]:
     """Keep ``prefixes[..., :depth]`` and sample positions ``>= depth`` from softmax(logits / temperature).
 
-    Example:
+    Examples:
         >>> spec = TabularSpec(vocab=2, horizon=3)
         >>> table = torch.zeros(1, spec.num_nodes, 2); table[..., 0] = 50.0  # always token 0
         >>> out = continue_sequences(spec, table, torch.tensor([[[1, 1, 1]]]), torch.tensor([[1]]),

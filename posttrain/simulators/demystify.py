@@ -5,11 +5,11 @@ r"""Controlled RLVR settings of paper 06 (Clay et al. 2026, arXiv:2608.24949): r
   (the check draws its spurious ``U[0, 1]`` rewards from its own per-seed streams). All batched over
   leading dimensions; the edit distance is a DP over one string's positions with each row solved in
   closed form by a cumulative minimum.
-- :func:`prior_mass`: the sampled estimate of :math:`m(\pi) = P(\tau \in y)` with its binomial SE.
-- :class:`TargetTask`: a Markov tabular policy (position and previous token) and one target
+- `prior_mass`: the sampled estimate of $m(\pi) = P(\tau \in y)$ with its binomial SE.
+- `TargetTask`: a Markov tabular policy (position and previous token) and one target
   sequence, with the exact target probability and the SFT+/SFT- edits (gradient steps on
-  :math:`\log\pi(\tau)`).
-- :class:`DomainTask`: a linear softmax over ``M`` answers with features in per-domain blocks plus
+  $\log\pi(\tau)$).
+- `DomainTask`: a linear softmax over ``M`` answers with features in per-domain blocks plus
   shared dimensions; exact per-prompt accuracy and entropy (for the prompt-breadth experiment).
 """
 
@@ -59,13 +59,15 @@ def edit_distance(
 ) -> Int[Tensor, ...]:
     r"""Levenshtein distance between the prefixes ``a[..., :a_len]`` and ``b[..., :b_len]`` (batched).
 
-    .. math:: D(i,0)=i,\ D(0,j)=j,\ D(i,j)=\min\big(D(i-1,j)+1,\ D(i,j-1)+1,\ D(i-1,j-1)+1[a_i\ne b_j]\big).
+    $$
+    D(i,0)=i,\ D(0,j)=j,\ D(i,j)=\min\big(D(i-1,j)+1,\ D(i,j-1)+1,\ D(i-1,j-1)+1[a_i\ne b_j]\big).
+    $$
 
-    Row ``i`` is computed at once: with :math:`c_j = \min(D(i-1,j)+1, D(i-1,j-1)+1[a_i\ne b_j])`,
-    :math:`D(i,j) = \min_{k\le j}(c_k + j - k) = j + \mathrm{cummin}_k(c_k - k)`. Leading dimensions
+    Row ``i`` is computed at once: with $c_j = \min(D(i-1,j)+1, D(i-1,j-1)+1[a_i\ne b_j])$,
+    $D(i,j) = \min_{k\le j}(c_k + j - k) = j + \mathrm{cummin}_k(c_k - k)$. Leading dimensions
     broadcast; padding after the lengths is ignored.
 
-    Example:
+    Examples:
         >>> edit_distance(torch.tensor([1, 2, 3]), torch.tensor(3), torch.tensor([2, 3, 4, 5]), torch.tensor(4)).item()
         3
     """
@@ -93,9 +95,9 @@ def edit_distance(
 def dense_edit_reward(
     y: Int[Tensor, "... L"], y_len: Int[Tensor, ...], target: Int[Tensor, " Lt"]
 ) -> Float[Tensor, ...]:
-    r"""Dense reward :math:`\max(0, 1 - D(y, \tau)/\max(|y|, |\tau|))` (paper 06, Appendix C).
+    r"""Dense reward $\max(0, 1 - D(y, \tau)/\max(|y|, |\tau|))$ (paper 06, Appendix C).
 
-    Example:
+    Examples:
         >>> dense_edit_reward(torch.tensor([3, 1, 4, 0]), torch.tensor(3), torch.tensor([3, 1, 5])).item()
         0.6666666666666667
     """
@@ -110,11 +112,13 @@ def sparse_target_reward(
 ) -> Float[Tensor, ...]:
     r"""Sparse reward with the anti-rambling penalty (paper 06, Appendix C).
 
-    .. math:: r = \max(0.5,\ 1 - s/n)\ \text{if}\ \tau \subseteq y\ \text{else}\ 0,
+    $$
+    r = \max(0.5,\ 1 - s/n)\ \text{if}\ \tau \subseteq y\ \text{else}\ 0,
+    $$
 
     ``s`` the tokens of ``y`` beyond the target's (``|y| - |tau|``), ``n = max_len``.
 
-    Example:
+    Examples:
         >>> y = torch.tensor([[9, 3, 1, 4, 0], [3, 1, 4, 0, 0], [3, 1, 0, 0, 0]])
         >>> sparse_target_reward(y, torch.tensor([4, 3, 3]), torch.tensor([3, 1, 4]), max_len=5).tolist()
         [0.8, 1.0, 0.0]
@@ -144,12 +148,14 @@ def process_reward(
 ) -> Float[Tensor, ...]:
     r"""Exponential process reward of the AIME problem (paper 06, Appendix D).
 
-    .. math:: r_{base} = 1\ (\text{answer} = 117),\ 0.6\ (118),\ \textstyle\sum_i w_im_i\ \text{otherwise};\quad
-              r = \max(0, r_{base} - 0.3\cdot1[\text{looped} \wedge \text{answer}\ne117] - 0.5\cdot1[\neg\text{boxed}]),
+    $$
+    r_{base} = 1\ (\text{answer} = 117),\ 0.6\ (118),\ \textstyle\sum_i w_im_i\ \text{otherwise};\quad
+                  r = \max(0, r_{base} - 0.3\cdot1[\text{looped} \wedge \text{answer}\ne117] - 0.5\cdot1[\neg\text{boxed}]),
+    $$
 
-    ``w = (0.05, 0.05, 0.10, 0.15, 0.25)`` (:data:`PRM_WEIGHTS`) over the judge's five milestones.
+    ``w = (0.05, 0.05, 0.10, 0.15, 0.25)`` (`PRM_WEIGHTS`) over the judge's five milestones.
 
-    Example:
+    Examples:
         >>> m = torch.tensor([[True, True, True, False, False], [True] * 5])
         >>> process_reward(m, torch.tensor([5, 117]), looped=torch.tensor([False, True]),
         ...                boxed=torch.tensor([True, True])).tolist()
@@ -169,11 +175,11 @@ def process_reward(
 
 
 def prior_mass(hits: Bool[Tensor, "... N"]) -> tuple[Tensor, Tensor]:
-    r"""Sampled prior mass :math:`\hat m = \frac1N\sum_n 1[\tau \in y_n]` and its binomial standard error.
+    r"""Sampled prior mass $\hat m = \frac1N\sum_n 1[\tau \in y_n]$ and its binomial standard error.
 
-    The SE is :math:`\sqrt{\hat m(1-\hat m)/N}`.
+    The SE is $\sqrt{\hat m(1-\hat m)/N}$.
 
-    Example:
+    Examples:
         >>> [round(float(x), 4) for x in prior_mass(torch.tensor([True, False, False, False]))]
         [0.25, 0.2165]
     """
@@ -186,7 +192,7 @@ def prior_mass(hits: Bool[Tensor, "... N"]) -> tuple[Tensor, Tensor]:
 
 @dataclass(frozen=True)
 class TargetTask:
-    """One prompt, a Markov tabular policy ``z [*R, 1, 1 + (L-1)V, V]`` and a target ``tau [L]`` (spec 06, 7A)."""
+    """One prompt, a Markov tabular policy ``z [*R, 1, 1 + (L-1)V, V]`` and a target ``tau [L]`` (docs: methods/demystifying.md, 7A)."""
 
     spec: TabularSpec
     target: Tensor
@@ -197,13 +203,13 @@ class TargetTask:
         return cls(spec, torch.tensor(target, dtype=torch.long))
 
     def target_logp(self, table: Float[Tensor, "*R 1 N V"]) -> Float[Tensor, "*R"]:
-        r"""Exact :math:`\log\pi(\tau)` per run (differentiable)."""
+        r"""Exact $\log\pi(\tau)$ per run (differentiable)."""
         lead = table.shape[:-3]
         tokens = self.target.expand(*lead, 1, 1, self.spec.horizon)
         return token_logp(self.spec, table, tokens).sum(-1)[..., 0, 0]
 
     def edit(self, table: Tensor, *, lr: Tensor | float, steps: int) -> Tensor:
-        r"""SFT+ (``lr > 0``, ascent on :math:`\log\pi(\tau)`) or SFT- (``lr < 0``): ``steps`` full gradient steps.
+        r"""SFT+ (``lr > 0``, ascent on $\log\pi(\tau)$) or SFT- (``lr < 0``): ``steps`` full gradient steps.
 
         ``lr`` may be a tensor ``[*R]`` (one rate per run).
         """
@@ -218,10 +224,10 @@ class TargetTask:
 
 @dataclass(frozen=True)
 class DomainTask:
-    r"""Linear softmax :math:`\pi(a\mid x) = \mathrm{softmax}(W\phi(x))_a` over ``M`` answers, prompts in domains.
+    r"""Linear softmax $\pi(a\mid x) = \mathrm{softmax}(W\phi(x))_a$ over ``M`` answers, prompts in domains.
 
     ``features [P, F]`` (``F = domains * block + shared``), ``domain [P]``, ``correct [P]`` (the argmax of
-    the true weights), ``w_star [M, F]``. Built by :meth:`make` as in spec 06, 7B.
+    the true weights), ``w_star [M, F]``. Built by `make` as in the paper (docs: methods/demystifying.md), 7B.
     """
 
     features: Tensor
@@ -258,7 +264,7 @@ class DomainTask:
         return self.features[prompts] @ weights.transpose(-1, -2)
 
     def accuracy(self, weights: Tensor, prompts: Tensor) -> Tensor:
-        r"""Mean exact accuracy :math:`E_x\pi(a^*\mid x)` over ``prompts`` ``[*R, Q]`` → ``[*R]``."""
+        r"""Mean exact accuracy $E_x\pi(a^*\mid x)$ over ``prompts`` ``[*R, Q]`` → ``[*R]``."""
         p = torch.softmax(self.logits(weights, prompts), -1)
         return p.gather(-1, self.correct[prompts][..., None])[..., 0].mean(-1)
 

@@ -1,25 +1,25 @@
 r"""Multi-path verifier bandit: a one-step "response" toy where RL sharpening trades away coverage.
 
-Spec 05/10 §7 (our design, calibrated to the papers' qualitative claims, not from them). A prompt
+docs: methods/es_coverage.md, methods/es_solution_coverage.md (our design, calibrated to the papers' qualitative claims, not from them). A prompt
 ``x`` has a type (A with probability ``p_type_a``, else B); type A is solvable only by paths
 ``0..J/2-1``, type B only by the rest, each path of the right type independently correct with
-probability ``q``. Logits :math:`z(x) = b + W\phi(x) + \zeta(x)` with fixed prompt-specific base
-logits :math:`\zeta(x)\sim\mathcal N(0,\tau^2 I_J)` ("pretrained knowledge") and uninformative
-features :math:`\phi(x)\sim\mathcal N(0, I_D)/\sqrt D`; trainable :math:`\theta=(b, W)` starts at 0.
-Because :math:`b` is shared and types are not identifiable from :math:`\phi`, sharpening onto
+probability ``q``. Logits $z(x) = b + W\phi(x) + \zeta(x)$ with fixed prompt-specific base
+logits $\zeta(x)\sim\mathcal N(0,\tau^2 I_J)$ ("pretrained knowledge") and uninformative
+features $\phi(x)\sim\mathcal N(0, I_D)/\sqrt D$; trainable $\theta=(b, W)$ starts at 0.
+Because $b$ is shared and types are not identifiable from $\phi$, sharpening onto
 type-A paths helps the majority and removes type-B coverage.
 
 Everything carries a leading seed axis ``S`` so that seeds run in one batched computation; member
-populations add a ``P`` axis. The exact success probability :math:`p(x)=\sum_{j\in C(x)}
-\mathrm{softmax}(z(x)/T)_j` sits next to the sampler.
+populations add a ``P`` axis. The exact success probability $p(x)=\sum_{j\in C(x)}
+\mathrm{softmax}(z(x)/T)_j$ sits next to the sampler.
 
 Trainers (both call the library's estimators):
 
-- :func:`train_grpo`: per step ``batch`` prompts, ``group`` samples at temperature 1, group
-  advantages (:func:`~posttrain.estimators.group_normalized_advantages`; Bessel std, which only
+- `train_grpo`: per step ``batch`` prompts, ``group`` samples at temperature 1, group
+  advantages (`group_normalized_advantages`; Bessel std, which only
   rescales the step by a constant that Adam removes), the clipped-ratio loss at ratio 1 (one update
-  per batch, so the gradient is exactly :math:`-\frac1{BG}\sum\hat A\nabla\log\pi`), Adam.
-- :func:`train_es`: per step a population from :func:`~posttrain.estimators.es.evolution_strategy`,
+  per batch, so the gradient is exactly $-\frac1{BG}\sum\hat A\nabla\log\pi$), Adam.
+- `train_es`: per step a population from `evolution_strategy`,
   all members evaluated in one batched matmul on the same prompts; fitness = greedy accuracy (or
   exact expected accuracy at temperature 1).
 """
@@ -68,7 +68,7 @@ class MultiPathBandit:
         return int(self.phi.shape[-1])
 
     def logits(self, params: BanditParams, idx: Tensor | None = None) -> Tensor:
-        r"""Logits ``[S, (P,) X, J]`` of :math:`b + W\phi + \zeta` on all prompts or ``idx [S, X']``.
+        r"""Logits ``[S, (P,) X, J]`` of $b + W\phi + \zeta$ on all prompts or ``idx [S, X']``.
 
         ``params`` tensors are ``[S, J]`` / ``[S, J, D]`` or with a member axis ``[S, P, J]`` /
         ``[S, P, J, D]``.
@@ -80,7 +80,7 @@ class MultiPathBandit:
         return b[:, :, None, :] + torch.einsum("spjd,sxd->spxj", w, phi) + zeta[:, None]
 
     def success(self, params: BanditParams, *, temperature: float, idx: Tensor | None = None) -> Tensor:
-        r"""Exact success probability :math:`p(x) = \sum_{j\in C(x)}\mathrm{softmax}(z/T)_j`, ``[S, (P,) X]``."""
+        r"""Exact success probability $p(x) = \sum_{j\in C(x)}\mathrm{softmax}(z/T)_j$, ``[S, (P,) X]``."""
         probs = torch.softmax(self.logits(params, idx) / temperature, dim=-1)
         return (probs * self._correct(idx, probs.ndim).to(probs.dtype)).sum(-1)
 
@@ -286,7 +286,7 @@ def run_bandit_arms(
 
 @dataclass(frozen=True)
 class BanditSetup:
-    """The shared settings of the bandit arms (spec 05/10 §7); paper-check configs extend it."""
+    """The shared settings of the bandit arms (docs: methods/es_coverage.md, methods/es_solution_coverage.md); paper-check configs extend it."""
 
     seeds: int = 10
     n_train: int = 4096
@@ -300,7 +300,7 @@ class BanditSetup:
     es_lr: float = 0.1
 
     def train_arms(self, arms: tuple[str, ...]) -> BanditArms:
-        """:func:`run_bandit_arms` on seeds ``0 .. seeds-1`` with these settings."""
+        """`run_bandit_arms` on seeds ``0 .. seeds-1`` with these settings."""
         return run_bandit_arms(
             list(range(self.seeds)), arms=arms, n_train=self.n_train, n_test=self.n_test, steps=self.steps,
             batch=self.batch, group=self.group, grpo_lr=self.grpo_lr, population=self.population,

@@ -1,18 +1,18 @@
-r"""Finite-field arithmetic chains with abstract symbols (spec 19 §3.1, §8; Krishnamurthy et al. 2026, arXiv:2606.13125).
+r"""Finite-field arithmetic chains with abstract symbols (docs: methods/select_improve.md; Krishnamurthy et al. 2026, arXiv:2606.13125).
 
-A problem over :math:`\mathrm{GF}(p)` has operations :math:`o_1..o_L`, each ``("add", c)``
-(:math:`x\mapsto x+c`) or ``("mul", c)`` (:math:`x\mapsto cx`, :math:`c\ne0`), chain
-:math:`f=o_L\circ\dots\circ o_1`. *Evaluation* gives :math:`x_0` and asks :math:`f(x_0)`;
-*inversion* gives :math:`y` and asks :math:`f^{-1}(y)`, with :math:`\mathrm{add}(c)^{-1}=\mathrm{add}(-c)`,
-:math:`\mathrm{mul}(c)^{-1}=\mathrm{mul}(c^{p-2})`. Strategy **F** writes :math:`x_1..x_L` forward,
-**B** undoes the operations from the output, writing :math:`x_{L-1}..x_0`. An unnatural pairing
+A problem over $\mathrm{GF}(p)$ has operations $o_1..o_L$, each ``("add", c)``
+($x\mapsto x+c$) or ``("mul", c)`` ($x\mapsto cx$, $c\ne0$), chain
+$f=o_L\circ\dots\circ o_1$. *Evaluation* gives $x_0$ and asks $f(x_0)$;
+*inversion* gives $y$ and asks $f^{-1}(y)$, with $\mathrm{add}(c)^{-1}=\mathrm{add}(-c)$,
+$\mathrm{mul}(c)^{-1}=\mathrm{mul}(c^{p-2})$. Strategy **F** writes $x_1..x_L$ forward,
+**B** undoes the operations from the output, writing $x_{L-1}..x_0$. An unnatural pairing
 (F on inversion, B on evaluation) starts from a stated guess of the unknown end (*reconstructed*,
-spec 19 §10): the answer is the guess, correct iff the chain reproduces the given end.
+docs: methods/select_improve.md): the answer is the guess, correct iff the chain reproduces the given end.
 
 Field elements are rendered through a seeded permutation as ``(eK)`` symbols, using only
 characters of the tiny tokenizer's alphabet, e.g. ``eval:(e3);add(e5);mul(e2)`` and a trace
 ``guess(e4);(e1);(e7)``. Generation excludes identity operations (``add 0``, ``mul 1``) and never
-produces ``mul 0`` (spec 19 §10 recommendation).
+produces ``mul 0`` (docs: methods/select_improve.md recommendation).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31)
 
 
 def field_inverse(c: int, p: int) -> int:
-    """:math:`c^{-1} = c^{p-2} \\bmod p` (Fermat) for ``c != 0``.
+    """$c^{-1} = c^{p-2} \\bmod p$ (Fermat) for ``c != 0``.
 
-    Example:
+    Examples:
         >>> field_inverse(3, 11), 3 * field_inverse(3, 11) % 11
         (4, 1)
     """
@@ -132,7 +132,7 @@ def trace_answer(problem: ChainProblem, trace: Trace) -> int:
 
 
 def detect_strategy(problem: ChainProblem, trace: Trace) -> str:
-    """``"F"`` if the first state is :math:`o_1` of the input, ``"B"`` if it is :math:`o_L^{-1}` of the output.
+    """``"F"`` if the first state is $o_1$ of the input, ``"B"`` if it is $o_L^{-1}$ of the output.
 
     The input/output is the given end or, for unnatural pairings, the stated guess; because the
     rendering marks a guess explicitly, the rule is unambiguous for every ``L >= 1`` (a rule on the
@@ -152,7 +152,7 @@ def detect_strategy(problem: ChainProblem, trace: Trace) -> str:
 
 @dataclass(frozen=True)
 class Symbols:
-    """A bijection :math:`\\mathbb Z_p \\to \\{e0..e(p-1)\\}` given by a permutation."""
+    """A bijection $\\mathbb Z_p \\to \\{e0..e(p-1)\\}$ given by a permutation."""
 
     perm: tuple[int, ...]
 
@@ -178,7 +178,7 @@ _SYMBOL = r"\(e\d+\)"
 def render_problem(problem: ChainProblem, symbols: Symbols) -> str:
     """``eval:(e3);add(e5);mul(e2)``.
 
-    Example:
+    Examples:
         >>> sym = Symbols((2, 0, 1))  # 0 -> e2, 1 -> e0, 2 -> e1 in GF(3)
         >>> prob = ChainProblem(3, (("add", 1), ("mul", 2)), "eval", 0)
         >>> render_problem(prob, sym), prob.answer, render_trace(make_trace(prob, "F"), sym)
@@ -189,7 +189,7 @@ def render_problem(problem: ChainProblem, symbols: Symbols) -> str:
 
 
 def parse_problem(text: str, symbols: Symbols) -> ChainProblem:
-    """Inverse of :func:`render_problem`."""
+    """Inverse of `render_problem`."""
     m = re.fullmatch(rf"(eval|inv):({_SYMBOL})((?:;(?:add|mul){_SYMBOL})+)", text)
     if m is None:
         raise DomainError(f"text: not a rendered chain problem: {text!r}")
@@ -204,7 +204,7 @@ def render_trace(trace: Trace, symbols: Symbols) -> str:
 
 
 def parse_trace(text: str, symbols: Symbols) -> Trace:
-    """Inverse of :func:`render_trace`."""
+    """Inverse of `render_trace`."""
     parts = text.split(";")
     guess = symbols.value(parts[0][len("guess") :]) if parts[0].startswith("guess") else None
     return Trace(guess, tuple(symbols.value(s) for s in parts[1 if guess is not None else 0 :]))

@@ -1,12 +1,14 @@
-r"""A 1-D "temporal grounding" bandit with a partial-credit reward (spec 07's toy).
+r"""A 1-D "temporal grounding" bandit with a partial-credit reward (the paper's (docs: methods/orarl.md) toy).
 
 Each prompt has a ground-truth interval ``[g_s, g_e]`` of bins and a fixed feature vector
-:math:`f_x\in\mathbb R^D`. The policy emits two tokens with parameters shared across prompts
+$f_x\in\mathbb R^D$. The policy emits two tokens with parameters shared across prompts
 (so prompts compete for capacity):
 
-.. math:: s\sim\mathrm{softmax}(f_x W_s),\qquad e\mid s\sim\mathrm{softmax}(f_x W_e + U_e[s]).
+$$
+s\sim\mathrm{softmax}(f_x W_s),\qquad e\mid s\sim\mathrm{softmax}(f_x W_e + U_e[s]).
+$$
 
-Reward: the discrete tIoU of the inclusive bin intervals, 0 when :math:`e < s` (format failure);
+Reward: the discrete tIoU of the inclusive bin intervals, 0 when $e < s$ (format failure);
 optionally binarised at a threshold. The exact expected reward enumerates all ``bins x bins``
 answers. Parameters carry a leading seed axis; ``params = (W_s [S, D, A], W_e [S, D, A],
 U_e [S, A, A])`` with A = bins.
@@ -27,7 +29,7 @@ __all__ = ["IntervalTask", "answer_log_probs", "interval_logits", "sample_answer
 def tiou(start: Tensor, end: Tensor, gt_start: Tensor, gt_end: Tensor) -> Tensor:
     """Discrete tIoU of inclusive bin intervals (0 when ``end < start``); broadcasts.
 
-    Example:
+    Examples:
         >>> float(tiou(torch.tensor(2), torch.tensor(5), torch.tensor(4), torch.tensor(7)))
         0.3333333333333333
     """
@@ -75,7 +77,7 @@ def interval_logits(features: Tensor, params: tuple[Tensor, Tensor, Tensor]) -> 
 
 
 def answer_log_probs(features: Tensor, params: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-    """``[S, G, A, A]`` exact :math:`\\log\\pi(s, e)` of every answer (differentiable)."""
+    """``[S, G, A, A]`` exact $\\log\\pi(s, e)$ of every answer (differentiable)."""
     start, end = interval_logits(features, params)
     return start.log_softmax(-1).unsqueeze(-1) + end.log_softmax(-1)
 

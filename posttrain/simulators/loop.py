@@ -1,17 +1,17 @@
 """A generic toy training loop: sample, score, advantages, log-probs, loss, step, exact metrics.
 
 The loop calls the same estimator functions as the LLM trainer. It never looks at a method's
-name: a method is an :class:`EstimatorBundle` of three callables:
+name: a method is an `EstimatorBundle` of three callables:
 
 - ``advantage(rewards [G, K], uniforms [G, K]) -> [G, K]`` (or ``[G, K, T]`` per token); the
   uniforms come from a stream of their own, for estimators that resample (PAFT), so methods
   that ignore them still see the same rollouts for the same seed;
 - ``policy_loss(logp [B, T], logp_old [B, T], advantages [B] | [B, T], mask [B, T]) -> (loss [B, T], diagnostics)``;
-- ``aggregation``: a mode of :func:`posttrain.estimators.aggregate`, applied per seed.
+- ``aggregation``: a mode of `posttrain.estimators.aggregate`, applied per seed.
 
 Seeds run side by side: parameters carry a leading seed axis ``[S, ...]``; sampling and
 advantages are batched over seeds by flattening (seed, prompt) into the group axis; the reduction
-to one scalar per seed is :func:`aggregate_per_seed`. Since the per-seed losses are
+to one scalar per seed is `aggregate_per_seed`. Since the per-seed losses are
 summed, each seed's parameters get exactly their own gradient; with an elementwise optimiser
 (SGD, Adam) the seeds stay independent, and seed ``s`` gives identical numbers alone or in a batch.
 
@@ -61,7 +61,7 @@ def bundle(
 
     A registered advantage ``f(rewards, **kw)`` is wrapped to ignore the uniforms.
 
-    Example:
+    Examples:
         >>> b = bundle("grpo")
         >>> b.advantage(torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2)).shape
         torch.Size([1, 2])
@@ -82,9 +82,9 @@ def bundle(
 def aggregate_per_seed(
     values: Float[Tensor, "S B T"], mask: Bool[Tensor, "S B T"], mode: AggregationMode | str
 ) -> Float[Tensor, " S"]:
-    """:func:`~posttrain.estimators.aggregate` applied to each seed's ``[B, T]`` slice, batched (tested equal).
+    """`aggregate` applied to each seed's ``[B, T]`` slice, batched (tested equal).
 
-    Example:
+    Examples:
         >>> v = torch.tensor([[[1.0, 3.0]], [[2.0, 0.0]]])
         >>> aggregate_per_seed(v, torch.tensor([[[True, True]], [[True, False]]]), "token-mean").tolist()
         [2.0, 2.0]
@@ -112,12 +112,12 @@ def grpo_surrogate(
     advantages: Float[Tensor, "R N"] | None = None,
     mask: Bool[Tensor, "R N"] | None = None,
 ) -> Float[Tensor, "R N"]:
-    r"""The on-policy GRPO loss of one toy step, per sampled action: :math:`-\hat A_i \log\pi(a_i)` in value.
+    r"""The on-policy GRPO loss of one toy step, per sampled action: $-\hat A_i \log\pi(a_i)$ in value.
 
     ``logp[r, i]`` is the log-probability (with gradient) of action ``i`` of run ``r``; the ``N``
     samples of a run are consecutive groups of ``group`` responses to one prompt. The advantages are
-    :func:`~posttrain.estimators.group_normalized_advantages` of each group's rewards (or the given
-    ``advantages``), and the loss is :func:`~posttrain.estimators.clipped_ratio_loss` at
+    `group_normalized_advantages` of each group's rewards (or the given
+    ``advantages``), and the loss is `clipped_ratio_loss` at
     ``logp_old = logp.detach()`` (ratio 1: the vanilla policy gradient). Reduce it per run with
     ``.mean(-1)`` (token mean of one-action responses) and sum over runs, so each run gets exactly
     its own gradient.
@@ -132,7 +132,7 @@ def grpo_surrogate(
     Returns:
         ``[R, N]`` per-action losses.
 
-    Example:
+    Examples:
         >>> logp = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
         >>> grpo_surrogate(logp, torch.tensor([[1.0, 0.0]]), group=2).round(decimals=3).tolist()
         [[-0.707, 0.707]]
@@ -211,9 +211,9 @@ def train(
     """Run ``steps`` on-policy updates of ``params [S, G, ...]`` with ``k`` samples per prompt.
 
     Args:
-        env: a :class:`~posttrain.simulators._base.ToyEnv` (bandit, tabular, ...).
+        env: a `ToyEnv` (bandit, tabular, ...).
         params: initial parameters with a leading seed axis ``[S, G, ...]`` (copied, not mutated).
-        method: the :class:`EstimatorBundle`.
+        method: the `EstimatorBundle`.
         optimizer: ``lambda ps: torch.optim.SGD(ps, lr=...)``; must act elementwise to keep seeds independent.
         steps: maximum number of updates.
         k: samples per prompt (the group size K).
@@ -223,7 +223,7 @@ def train(
             the loop stops when it has held for every seed (its later updates are not needed).
 
     Returns:
-        A :class:`TrainLog`.
+        A `TrainLog`.
     """
     sample_rng = SeedRNG.from_seeds(seeds, stream=0)
     est_rng = SeedRNG.from_seeds(seeds, stream=1)

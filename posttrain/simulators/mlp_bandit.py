@@ -1,9 +1,9 @@
-r"""Sparse-reward contextual bandit with a small MLP policy, batched over runs (spec 12's toy).
+r"""Sparse-reward contextual bandit with a small MLP policy, batched over runs (the paper's (docs: methods/muon.md) toy).
 
-Contexts :math:`c \in \{0..C-1\}`, actions :math:`a \in \{0..V-1\}`, each context has ``n_correct``
+Contexts $c \in \{0..C-1\}$, actions $a \in \{0..V-1\}$, each context has ``n_correct``
 distinct correct actions; reward 1 for a correct action. Policy: one-hot context -> embedding
-:math:`E` -> :math:`\mathrm{ReLU}(W_1 \cdot)` -> :math:`\mathrm{ReLU}(W_2 \cdot)` -> head :math:`W_o`
--> softmax, no biases. Hidden matrices are :math:`\{W_1, W_2\}`, the rest is "fallback".
+$E$ -> $\mathrm{ReLU}(W_1 \cdot)$ -> $\mathrm{ReLU}(W_2 \cdot)$ -> head $W_o$
+-> softmax, no biases. Hidden matrices are $\{W_1, W_2\}$, the rest is "fallback".
 
 Every tensor carries a leading run axis ``R`` (seeds x learning rates), so many training runs
 advance in one batched step. The exact expected success (all contexts, all actions) sits next
@@ -95,7 +95,7 @@ def forward_logits(p: MLPParams, ctx: Tensor) -> Tensor:
 
 
 def exact_success(p: MLPParams, correct: Tensor) -> Tensor:
-    r"""Exact expected success :math:`\frac1C\sum_c\sum_a \pi(a|c)\,1[a\ \mathrm{correct}]` per run, ``[R]``.
+    r"""Exact expected success $\frac1C\sum_c\sum_a \pi(a|c)\,1[a\ \mathrm{correct}]$ per run, ``[R]``.
 
     ``correct`` is ``[R, C, V]`` (the task of each run's seed).
     """

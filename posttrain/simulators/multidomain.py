@@ -1,12 +1,12 @@
-r"""Several domains with very different response lengths sharing one low-capacity student (spec 08's toy).
+r"""Several domains with very different response lengths sharing one low-capacity student (the paper's (docs: methods/open_mopd.md) toy).
 
 Each domain d has its own pool of states (contexts); a response of domain d is a sequence of
 ``lengths[d]`` states drawn uniformly from the pool. The student is a shared linear softmax,
-:math:`\mathrm{logits}(s) = \phi(s)^\top U` with fixed random features :math:`\phi(s)\in\mathbb R^D`
-(:math:`\mathcal N(0,1)/\sqrt D`) and trainable :math:`U\in\mathbb R^{D\times V}`; each domain has
-its own linear teacher :math:`\phi(s)^\top U^*_d` (individually representable, conflicting
+$\mathrm{logits}(s) = \phi(s)^\top U$ with fixed random features $\phi(s)\in\mathbb R^D$
+($\mathcal N(0,1)/\sqrt D$) and trainable $U\in\mathbb R^{D\times V}$; each domain has
+its own linear teacher $\phi(s)^\top U^*_d$ (individually representable, conflicting
 jointly), so domains compete for the student's capacity. Everything carries a leading seed axis.
-Capability of a domain: mean over its states of :math:`p_S(\arg\max p_T\mid s)` (exact).
+Capability of a domain: mean over its states of $p_S(\arg\max p_T\mid s)$ (exact).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class MultiDomainTask:
         vocab: int = 8,
         teacher_scale: float = 8.0,
     ) -> MultiDomainTask:
-        """Seed s uses generator ``800 + s``; teachers :math:`U^*_d \\sim \\mathcal N(0, \\text{scale}^2)`."""
+        """Seed s uses generator ``800 + s``; teachers $U^*_d \\sim \\mathcal N(0, \\text{scale}^2)$."""
         n_dom, p = len(lengths), states_per_domain
         feats, teach = [], []
         for s in range(seeds):  # one environment per seed (a few tiny draws)
@@ -72,11 +72,11 @@ class MultiDomainTask:
         return states, mask
 
     def capability(self, student_logp: Tensor) -> Tensor:
-        """``[*lead, S, D]`` mean over each domain's states of :math:`p_S(\\arg\\max p_T)`; ``student_logp [*lead, S, D*P, V]``."""
+        """``[*lead, S, D]`` mean over each domain's states of $p_S(\\arg\\max p_T)$; ``student_logp [*lead, S, D*P, V]``."""
         best = self.teacher_logp.argmax(-1, keepdim=True).expand(*student_logp.shape[:-1], 1)
         p = student_logp.gather(-1, best)[..., 0].exp()
         return p.reshape(*p.shape[:-1], self.num_domains, self.states_per_domain).mean(-1)
 
     def teacher_capability(self) -> Tensor:
-        """``[S, D]`` the teacher's own capability :math:`\\max_v p_T(v)` averaged over states."""
+        """``[S, D]`` the teacher's own capability $\\max_v p_T(v)$ averaged over states."""
         return self.capability(self.teacher_logp)

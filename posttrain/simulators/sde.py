@@ -2,20 +2,21 @@ r"""SDE simulators with exact answers: Gaussian-mixture flows and an Ornstein-Uh
 
 Conventions (paper 09, Xu et al. 2026, arXiv:2608.14430):
 
-- forward noising :math:`x_t = (1-t)x_0 + t\epsilon`, :math:`t=0` data, :math:`t=1` noise, target
-  velocity :math:`v = \epsilon - x_0`;
-- sampling runs in :math:`r = 1 - t` (noise to data) with the family
+- forward noising $x_t = (1-t)x_0 + t\epsilon$, $t=0$ data, $t=1$ noise, target
+  velocity $v = \epsilon - x_0$;
+- sampling runs in $r = 1 - t$ (noise to data) with the family
 
-  .. math::
-      dy_r = -\Big[(1+\eta_t)v(y_r,t) + \frac{\eta_t}{1-t}y_r\Big]dr + g_r\,dW_r,\qquad g_r^2 = \frac{2\eta_t t}{1-t};
+  $$
+  dy_r = -\Big[(1+\eta_t)v(y_r,t) + \frac{\eta_t}{1-t}y_r\Big]dr + g_r\,dW_r,\qquad g_r^2 = \frac{2\eta_t t}{1-t};
+  $$
 
-  every :math:`\eta` keeps the marginals :math:`q_t` when :math:`v` is the exact base velocity;
+  every $\eta$ keeps the marginals $q_t$ when $v$ is the exact base velocity;
 - Euler-Maruyama on an explicit grid, vectorised over paths ``[N]`` (time steps are sequential);
   paths keep the noise they used, so path-space estimators can be evaluated on them afterwards.
 
-A :class:`GaussianMixture` with isotropic components (any ``D``; 1-D and 2-D constructors) knows its
-exact posterior mean, base velocity :math:`E[v\mid x_t]` and score at every ``t``. An
-:class:`OrnsteinUhlenbeck` process knows its exact and Euler-discretised moments and the closed-form
+A `GaussianMixture` with isotropic components (any ``D``; 1-D and 2-D constructors) knows its
+exact posterior mean, base velocity $E[v\mid x_t]$ and score at every ``t``. An
+`OrnsteinUhlenbeck` process knows its exact and Euler-discretised moments and the closed-form
 path-space KL between two OU processes.
 """
 
@@ -49,12 +50,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EtaSchedule:
-    r"""Stochasticity schedule :math:`\eta_t = a_0 + a_1(1-t) \ge 0`.
+    r"""Stochasticity schedule $\eta_t = a_0 + a_1(1-t) \ge 0$.
 
     ``EtaSchedule(0, 0)`` is the probability-flow ODE, ``EtaSchedule(1, 0)`` the exact time reversal
-    of the linear noising, Flow-GRPO's :math:`\sigma_t = a\sqrt{t/(1-t)}` is ``EtaSchedule(a**2/2)``.
+    of the linear noising, Flow-GRPO's $\sigma_t = a\sqrt{t/(1-t)}$ is ``EtaSchedule(a**2/2)``.
 
-    Example:
+    Examples:
         >>> EtaSchedule(0.0, 0.7)(torch.tensor([0.0, 1.0], dtype=torch.float64)).tolist()
         [0.7, 0.0]
     """
@@ -103,10 +104,11 @@ def euler_maruyama(
     noise: Float[Tensor, "N S D"] | None = None,
     generator: torch.Generator | None = None,
 ) -> Paths:
-    r"""Simulate :math:`dy = \mu(y, r)dr + g(r)dW` by Euler-Maruyama, vectorised over the N paths.
+    r"""Simulate $dy = \mu(y, r)dr + g(r)dW$ by Euler-Maruyama, vectorised over the N paths.
 
-    .. math::
-        y_{k+1} = y_k + \mu(y_k, r_k)\Delta r_k + g(r_k)\sqrt{\Delta r_k}\epsilon_k,\ \epsilon_k\sim\mathcal N(0, I).
+    $$
+    y_{k+1} = y_k + \mu(y_k, r_k)\Delta r_k + g(r_k)\sqrt{\Delta r_k}\epsilon_k,\ \epsilon_k\sim\mathcal N(0, I).
+    $$
 
     Args:
         x_init: ``[N, D]`` start states.
@@ -117,13 +119,13 @@ def euler_maruyama(
         generator: source of the noise when ``noise`` is not given.
 
     Returns:
-        :class:`Paths`.
+        `Paths`.
 
     Raises:
         ShapeError: wrong ranks or a ``noise`` of the wrong shape.
         DomainError: a non-increasing grid.
 
-    Example:
+    Examples:
         >>> p = euler_maruyama(torch.zeros(3, 1), lambda y, r, k: torch.ones_like(y),
         ...                    lambda r: torch.zeros(()), torch.linspace(0, 1, 5))
         >>> p.states[:, -1, 0].tolist()
@@ -156,7 +158,7 @@ def euler_maruyama(
 def time_grid(t_start: float, steps: int, *, dtype: torch.dtype = torch.float64) -> Float[Tensor, " S1"]:
     """The uniform sampling grid in ``r = 1 - t`` from ``t = t_start`` down to ``t = 0`` (``[S+1]``).
 
-    Example:
+    Examples:
         >>> (1 - time_grid(0.8, 4)).tolist()  # the t values
         [0.8, 0.6000000000000001, 0.4, 0.19999999999999996, 0.0]
     """
@@ -167,12 +169,12 @@ def time_grid(t_start: float, steps: int, *, dtype: torch.dtype = torch.float64)
 
 
 def sampling_drift(y: Tensor, t: Tensor, velocity: Tensor, eta: Tensor) -> Tensor:
-    r"""Drift :math:`\mu = -[(1+\eta_t)v + \eta_t y/(1-t)]` of the sampling SDE in ``r = 1 - t``."""
+    r"""Drift $\mu = -[(1+\eta_t)v + \eta_t y/(1-t)]$ of the sampling SDE in ``r = 1 - t``."""
     return -((1.0 + eta) * velocity + eta / (1.0 - t) * y)
 
 
 def sampling_diffusion(t: Tensor, eta: Tensor) -> Tensor:
-    r"""Noise scale :math:`g = \sqrt{2\eta_t t/(1-t)}` of the sampling SDE."""
+    r"""Noise scale $g = \sqrt{2\eta_t t/(1-t)}$ of the sampling SDE."""
     return (2.0 * eta * t / (1.0 - t)).clamp_min(0.0).sqrt()
 
 
@@ -186,22 +188,22 @@ def simulate_flow_sde(
     noise: Float[Tensor, "N S D"] | None = None,
     generator: torch.Generator | None = None,
 ) -> Paths:
-    r"""Sample a flow model with the :math:`\eta`-SDE from ``t_start`` to ``t = 0`` (Euler-Maruyama).
+    r"""Sample a flow model with the $\eta$-SDE from ``t_start`` to ``t = 0`` (Euler-Maruyama).
 
     Args:
-        velocity: ``velocity(x [N, D], t (0-d)) -> [N, D]``, e.g. :meth:`GaussianMixture.velocity`
+        velocity: ``velocity(x [N, D], t (0-d)) -> [N, D]``, e.g. `GaussianMixture.velocity`
             or a perturbed version of it.
-        x_init: ``[N, D]`` states at ``t_start`` (e.g. exact draws from :math:`q_{t_{start}}`).
-        t_start: start time in (0, 1); ``t = 1`` is excluded because :math:`\mu` is singular there.
+        x_init: ``[N, D]`` states at ``t_start`` (e.g. exact draws from $q_{t_{start}}$).
+        t_start: start time in (0, 1); ``t = 1`` is excluded because $\mu$ is singular there.
         steps: number S of Euler steps.
         eta: the stochasticity schedule.
         noise: optional ``[N, S, D]`` noise (common random numbers across perturbed models).
         generator: noise source.
 
     Returns:
-        :class:`Paths` with ``grid`` in ``r``; ``t = 1 - grid``; ``states[:, -1]`` are the samples.
+        `Paths` with ``grid`` in ``r``; ``t = 1 - grid``; ``states[:, -1]`` are the samples.
 
-    Example:
+    Examples:
         >>> gm = GaussianMixture.bimodal_1d()
         >>> p = simulate_flow_sde(gm.velocity, torch.zeros(2, 1, dtype=torch.float64), t_start=0.5, steps=3,
         ...                       eta=EtaSchedule(0.0))  # the ODE
@@ -222,11 +224,11 @@ def simulate_flow_sde(
 def forward_noise(
     x0: Float[Tensor, "N D"], t: Float[Tensor, "N M"], eps: Float[Tensor, "N M D"]
 ) -> tuple[Float[Tensor, "N M D"], Float[Tensor, "N M D"]]:
-    r"""Re-noise data with the forward kernel: :math:`x_t = (1-t)x_0 + t\epsilon`, :math:`v = \epsilon - x_0`.
+    r"""Re-noise data with the forward kernel: $x_t = (1-t)x_0 + t\epsilon$, $v = \epsilon - x_0$.
 
     ``M`` time points per sample. Returns ``(x_t, v)``.
 
-    Example:
+    Examples:
         >>> xt, v = forward_noise(torch.ones(1, 1), torch.tensor([[0.25]]), torch.zeros(1, 1, 1))
         >>> xt.tolist(), v.tolist()
         ([[[0.75]]], [[[-1.0]]])
@@ -245,14 +247,14 @@ def forward_noise(
 
 @dataclass(frozen=True)
 class GaussianMixture:
-    r"""Data law :math:`p_0 = \sum_c w_c\,\mathcal N(m_c, s_c^2 I_D)` with exact flow quantities.
+    r"""Data law $p_0 = \sum_c w_c\,\mathcal N(m_c, s_c^2 I_D)$ with exact flow quantities.
 
-    Under :math:`x_t = (1-t)x_0 + t\epsilon` component ``c`` has marginal
-    :math:`\mathcal N((1-t)m_c, \sigma_c^2 I)`, :math:`\sigma_c^2(t) = (1-t)^2s_c^2 + t^2`, and
-    :math:`E[\epsilon - x_0\mid x, c] = \big(t(x-(1-t)m_c) - (1-t)s_c^2(x-(1-t)m_c)\big)/\sigma_c^2 - m_c`;
+    Under $x_t = (1-t)x_0 + t\epsilon$ component ``c`` has marginal
+    $\mathcal N((1-t)m_c, \sigma_c^2 I)$, $\sigma_c^2(t) = (1-t)^2s_c^2 + t^2$, and
+    $E[\epsilon - x_0\mid x, c] = \big(t(x-(1-t)m_c) - (1-t)s_c^2(x-(1-t)m_c)\big)/\sigma_c^2 - m_c$;
     responsibilities weight the components.
 
-    Example:
+    Examples:
         >>> gm = GaussianMixture.bimodal_1d()
         >>> gm.velocity(torch.tensor([[0.0]], dtype=torch.float64), torch.tensor(0.5)).tolist()  # symmetry
         [[0.0]]
@@ -278,7 +280,7 @@ class GaussianMixture:
 
     @classmethod
     def bimodal_1d(cls, *, separation: float = 2.0, std: float = 0.5) -> GaussianMixture:
-        r"""The 1-D toy of paper 09: :math:`\tfrac12\mathcal N(-2, 0.5^2) + \tfrac12\mathcal N(2, 0.5^2)`."""
+        r"""The 1-D toy of paper 09: $\tfrac12\mathcal N(-2, 0.5^2) + \tfrac12\mathcal N(2, 0.5^2)$."""
         return cls((0.5, 0.5), ((-separation,), (separation,)), (std, std))
 
     @classmethod
@@ -301,13 +303,13 @@ class GaussianMixture:
         )
 
     def sample(self, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
-        """``[N, D]`` exact draws from :math:`p_0`."""
+        """``[N, D]`` exact draws from $p_0$."""
         w, m, s = self._params(torch.empty((), dtype=dtype))
         comp = torch.multinomial(w, int(n), replacement=True, generator=generator)
         return m[comp] + s[comp, None] * torch.randn(int(n), self.dim, generator=generator, dtype=dtype)
 
     def sample_t(self, n: int, t: float, *, generator: torch.Generator, dtype: torch.dtype = torch.float64) -> Tensor:
-        """``[N, D]`` exact draws from the marginal :math:`q_t`."""
+        """``[N, D]`` exact draws from the marginal $q_t$."""
         x0 = self.sample(n, generator=generator, dtype=dtype)
         return (1.0 - t) * x0 + t * torch.randn(x0.shape, generator=generator, dtype=dtype)
 
@@ -331,30 +333,30 @@ class GaussianMixture:
         return log_joint, resid, var, s2.unsqueeze(-1), m_b
 
     def log_prob_t(self, x: Float[Tensor, "... D"], t: Tensor | float) -> Float[Tensor, ...]:
-        r"""Exact :math:`\log q_t(x)`."""
+        r"""Exact $\log q_t(x)$."""
         return torch.logsumexp(self._components(x, t)[0], 0)
 
     def velocity(self, x: Float[Tensor, "... D"], t: Tensor | float) -> Float[Tensor, "... D"]:
-        r"""Exact base velocity :math:`v(x,t) = E[\epsilon - x_0\mid x_t = x]` (finite at ``t = 0``)."""
+        r"""Exact base velocity $v(x,t) = E[\epsilon - x_0\mid x_t = x]$ (finite at ``t = 0``)."""
         log_joint, resid, var, s2, m = self._components(x, t)
         tt = torch.as_tensor(t, dtype=x.dtype, device=x.device).unsqueeze(-1)
         per_comp = (tt - (1.0 - tt) * s2) / var.unsqueeze(-1) * resid - m  # [C, ..., D]
         return (torch.softmax(log_joint, 0).unsqueeze(-1) * per_comp).sum(0)
 
     def posterior_mean(self, x: Float[Tensor, "... D"], t: Tensor | float) -> Float[Tensor, "... D"]:
-        r""":math:`E[x_0\mid x_t = x]`."""
+        r"""$E[x_0\mid x_t = x]$."""
         log_joint, resid, var, s2, m = self._components(x, t)
         tt = torch.as_tensor(t, dtype=x.dtype, device=x.device).unsqueeze(-1)
         per_comp = m + (1.0 - tt) * s2 / var.unsqueeze(-1) * resid
         return (torch.softmax(log_joint, 0).unsqueeze(-1) * per_comp).sum(0)
 
     def score(self, x: Float[Tensor, "... D"], t: Tensor | float) -> Float[Tensor, "... D"]:
-        r"""Exact :math:`\nabla_x\log q_t(x) = -\sum_c r_c (x-(1-t)m_c)/\sigma_c^2`."""
+        r"""Exact $\nabla_x\log q_t(x) = -\sum_c r_c (x-(1-t)m_c)/\sigma_c^2$."""
         log_joint, resid, var, _, _ = self._components(x, t)
         return -(torch.softmax(log_joint, 0).unsqueeze(-1) * resid / var.unsqueeze(-1)).sum(0)
 
     def moments(self, *, dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
-        r"""Mean ``[D]`` and per-coordinate second moment ``[D]`` of :math:`p_0`."""
+        r"""Mean ``[D]`` and per-coordinate second moment ``[D]`` of $p_0$."""
         w, m, s = self._params(torch.empty((), dtype=dtype))
         mean = (w[:, None] * m).sum(0)
         second = (w[:, None] * (m**2 + s[:, None] ** 2)).sum(0)
@@ -363,11 +365,13 @@ class GaussianMixture:
 
 @dataclass(frozen=True)
 class OrnsteinUhlenbeck:
-    r"""The OU process :math:`dX = -\lambda X\,ds + \sigma\,dW` with closed-form moments.
+    r"""The OU process $dX = -\lambda X\,ds + \sigma\,dW$ with closed-form moments.
 
-    .. math:: E[X_s] = x_0e^{-\lambda s},\qquad \mathrm{Var}[X_s] = \frac{\sigma^2}{2\lambda}(1 - e^{-2\lambda s}).
+    $$
+    E[X_s] = x_0e^{-\lambda s},\qquad \mathrm{Var}[X_s] = \frac{\sigma^2}{2\lambda}(1 - e^{-2\lambda s}).
+    $$
 
-    Example:
+    Examples:
         >>> ou = OrnsteinUhlenbeck(rate=1.0, sigma=math.sqrt(2.0))
         >>> round(float(ou.variance(torch.tensor(50.0))), 6)  # stationary variance sigma^2 / (2 rate)
         1.0
@@ -399,7 +403,7 @@ class OrnsteinUhlenbeck:
     def em_moments(self, x0: Float[Tensor, " D"], grid: Float[Tensor, " S1"]) -> tuple[Tensor, Tensor]:
         r"""Exact mean ``[S+1, D]`` and variance ``[S+1]`` of the Euler-Maruyama chain.
 
-        :math:`m_{k+1} = (1-\lambda\Delta_k)m_k`, :math:`v_{k+1} = (1-\lambda\Delta_k)^2v_k + \sigma^2\Delta_k`.
+        $m_{k+1} = (1-\lambda\Delta_k)m_k$, $v_{k+1} = (1-\lambda\Delta_k)^2v_k + \sigma^2\Delta_k$.
         """
         _check_grid(grid)
         a = 1.0 - self.rate * (grid[1:] - grid[:-1])
@@ -410,12 +414,12 @@ class OrnsteinUhlenbeck:
         return decay[:, None] * x0, torch.stack(var)
 
     def path_kl(self, other: OrnsteinUhlenbeck, x0: Float[Tensor, " D"], horizon: float) -> Tensor:
-        r"""Closed-form :math:`\mathrm{KL}(P_{self}\|P_{other})` of the two path laws on ``[0, horizon]``.
+        r"""Closed-form $\mathrm{KL}(P_{self}\|P_{other})$ of the two path laws on ``[0, horizon]``.
 
-        Both start at ``x0`` and need the same :math:`\sigma`. By Girsanov
-        :math:`\mathrm{KL} = \frac{(\lambda_1-\lambda_2)^2}{2\sigma^2}\int_0^T E_{P}\|X_s\|^2 ds` with
-        :math:`\int_0^T E\|X_s\|^2 = \|x_0\|^2 F + D\frac{\sigma^2}{2\lambda}(T - F)`,
-        :math:`F = (1-e^{-2\lambda T})/(2\lambda)`.
+        Both start at ``x0`` and need the same $\sigma$. By Girsanov
+        $\mathrm{KL} = \frac{(\lambda_1-\lambda_2)^2}{2\sigma^2}\int_0^T E_{P}\|X_s\|^2 ds$ with
+        $\int_0^T E\|X_s\|^2 = \|x_0\|^2 F + D\frac{\sigma^2}{2\lambda}(T - F)$,
+        $F = (1-e^{-2\lambda T})/(2\lambda)$.
         """
         if other.sigma != self.sigma:
             raise DomainError(f"other: expected the same sigma {self.sigma}, got {other.sigma} (singular path laws)")

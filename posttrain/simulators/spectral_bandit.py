@@ -1,10 +1,10 @@
-r"""Spectral contextual bandit (spec 17's toy): a linear softmax policy whose base weight has a
+r"""Spectral contextual bandit (the paper's (docs: methods/sar.md) toy): a linear softmax policy whose base weight has a
 dominant spectral subspace, trained by GRPO; batched over runs (a leading axis ``R``).
 
-Base :math:`W_0 = U\,\mathrm{diag}(s)\,V^\top` (``[m, n]``, actions x input dims), inputs
-:math:`x = V_{:,C}\,c + \sigma\xi`, teacher :math:`W^\star = W_0 + U_{:,:r_0} M^\star V_{:,:r_0}^\top`,
-correct action :math:`y^\star(x) = \arg\max W^\star x`, policy :math:`\pi_W(y|x) = \mathrm{softmax}(Wx)`.
-The exact held-out success :math:`\mathrm{acc}(W) = \mathbb{E}_x\,\pi_W(y^\star(x)|x)` is computed on
+Base $W_0 = U\,\mathrm{diag}(s)\,V^\top$ (``[m, n]``, actions x input dims), inputs
+$x = V_{:,C}\,c + \sigma\xi$, teacher $W^\star = W_0 + U_{:,:r_0} M^\star V_{:,:r_0}^\top$,
+correct action $y^\star(x) = \arg\max W^\star x$, policy $\pi_W(y|x) = \mathrm{softmax}(Wx)$.
+The exact held-out success $\mathrm{acc}(W) = \mathbb{E}_x\,\pi_W(y^\star(x)|x)$ is computed on
 a fixed input set next to the sampler.
 """
 
@@ -47,9 +47,9 @@ def make_spectral_task(
     teacher_seed: int | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> SpectralTask:
-    """One task (unbatched: add the run axis with :func:`torch.stack`). ``teacher_columns`` restricts
-    the nonzero columns of :math:`M^\\star` (merging experts); inputs live on ``columns``; ``teacher_seed``
-    draws :math:`M^\\star` from its own generator (same base, independent teachers)."""
+    """One task (unbatched: add the run axis with `torch.stack`). ``teacher_columns`` restricts
+    the nonzero columns of $M^\\star$ (merging experts); inputs live on ``columns``; ``teacher_seed``
+    draws $M^\\star$ from its own generator (same base, independent teachers)."""
     g = torch.Generator().manual_seed(seed)
     u = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=dtype)).Q
     v = torch.linalg.qr(torch.randn(n, m, generator=g, dtype=dtype)).Q
@@ -68,7 +68,7 @@ def make_spectral_task(
 
 
 def sample_inputs(frame: Tensor, count: int, *, noise: float, generator: torch.Generator) -> Tensor:
-    """Inputs ``[R, count, n]``: :math:`x = F c + \\sigma \\xi` with ``frame F [R, n, |C|]``."""
+    """Inputs ``[R, count, n]``: $x = F c + \\sigma \\xi$ with ``frame F [R, n, |C|]``."""
     r, n, c = frame.shape
     coef = torch.randn(r, count, c, generator=generator, dtype=frame.dtype)
     xi = torch.randn(r, count, n, generator=generator, dtype=frame.dtype)
@@ -76,7 +76,7 @@ def sample_inputs(frame: Tensor, count: int, *, noise: float, generator: torch.G
 
 
 def accuracy(w: Tensor, teacher: Tensor, x: Tensor) -> Tensor:
-    r"""Exact success :math:`\frac1N\sum_i \pi_W(y^\star(x_i)|x_i)` per run, ``[R]``, for ``x [R, N, n]``."""
+    r"""Exact success $\frac1N\sum_i \pi_W(y^\star(x_i)|x_i)$ per run, ``[R]``, for ``x [R, N, n]``."""
     target = torch.argmax(x @ teacher.mT, dim=-1, keepdim=True)
     return torch.softmax(x @ w.mT, dim=-1).gather(-1, target).squeeze(-1).mean(-1)
 

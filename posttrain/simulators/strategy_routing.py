@@ -1,14 +1,14 @@
 r"""Strategy-routing chain policy: abstract strategies over an arithmetic chain with exact likelihoods.
 
-Spec 19 §7 (our design, encoding the mechanisms of Krishnamurthy et al. 2026, arXiv:2606.13125).
-Types :math:`\tau\in\{\text{eval}=0, \text{inv}=1\}`, strategies :math:`s\in\{F=0, B=1\}`,
-:math:`\mathrm{nat}(\tau)=\tau`. Parameters (leading run axis ``R``, so many seeds/configs train
-in one batched computation): routing logits ``psi [R, 2, 2]`` (:math:`\pi_\psi(s\mid\tau)`),
+docs: methods/select_improve.md (our design, encoding the mechanisms of Krishnamurthy et al. 2026, arXiv:2606.13125).
+Types $\tau\in\{\text{eval}=0, \text{inv}=1\}$, strategies $s\in\{F=0, B=1\}$,
+$\mathrm{nat}(\tau)=\tau$. Parameters (leading run axis ``R``, so many seeds/configs train
+in one batched computation): routing logits ``psi [R, 2, 2]`` ($\pi_\psi(s\mid\tau)$),
 per-step reliability ``a [R, 2]``, long-chain skill ``e [R, 2]``. Step ``t`` of strategy ``s``
-succeeds with probability :math:`p_t(s)=\sigma(a_s)\,q_s(t)`, :math:`q_s(t)=1` for :math:`t\le T_0`
-and :math:`\sigma(e_s-\kappa(t-T_0))` after. Exact success
-:math:`R(s,\tau,L)=\prod_{t\le L}p_t(s)\cdot(1 \text{ if } s=\mathrm{nat}(\tau) \text{ else } 1/p)`
-and accuracy :math:`\mathrm{Acc}(\tau,L)=\sum_s\pi_\psi(s\mid\tau)R(s,\tau,L)` sit next to the
+succeeds with probability $p_t(s)=\sigma(a_s)\,q_s(t)$, $q_s(t)=1$ for $t\le T_0$
+and $\sigma(e_s-\kappa(t-T_0))$ after. Exact success
+$R(s,\tau,L)=\prod_{t\le L}p_t(s)\cdot(1 \text{ if } s=\mathrm{nat}(\tau) \text{ else } 1/p)$
+and accuracy $\mathrm{Acc}(\tau,L)=\sum_s\pi_\psi(s\mid\tau)R(s,\tau,L)$ sit next to the
 rollout sampler. SFT maximises demonstration log-likelihood with Adam; RL is GRPO (population-std
 group advantages, plain SGD ascent on the trajectory log-likelihood's score function).
 """
@@ -61,12 +61,12 @@ def init_routing_params(runs: int, *, e_init: tuple[float, float] = (6.0, 1.5)) 
 
 
 def routing(params: RoutingParams) -> Tensor:
-    r"""Routing :math:`\pi_\psi(s\mid\tau)`, ``[R, types, strategies]``."""
+    r"""Routing $\pi_\psi(s\mid\tau)$, ``[R, types, strategies]``."""
     return torch.softmax(params["psi"], dim=-1)
 
 
 def step_success(params: RoutingParams, spec: ChainSpec) -> Tensor:
-    r"""Per-step success :math:`p_t(s)`, ``[R, 2, max_len]`` for :math:`t = 1..\text{max\_len}`."""
+    r"""Per-step success $p_t(s)$, ``[R, 2, max_len]`` for $t = 1..\text{max\_len}$."""
     t = torch.arange(1, spec.max_len + 1, dtype=params["a"].dtype)
     late = (t > spec.t0).to(t.dtype)
     q = torch.sigmoid(params["e"][..., None] - spec.kappa * (t - spec.t0)) * late + (1 - late)
@@ -74,7 +74,7 @@ def step_success(params: RoutingParams, spec: ChainSpec) -> Tensor:
 
 
 def strategy_success(params: RoutingParams, spec: ChainSpec, lengths: Tensor) -> Tensor:
-    r"""Exact :math:`R(s,\tau,L)`, ``[R, types, strategies, len(lengths)]``."""
+    r"""Exact $R(s,\tau,L)$, ``[R, types, strategies, len(lengths)]``."""
     if int(lengths.max()) > spec.max_len or int(lengths.min()) < 1:
         raise DomainError(f"lengths: expected values in [1, {spec.max_len}]")
     cum = torch.cumprod(step_success(params, spec), dim=-1)[..., lengths - 1]  # [R, S, nL]
@@ -83,7 +83,7 @@ def strategy_success(params: RoutingParams, spec: ChainSpec, lengths: Tensor) ->
 
 
 def exact_accuracy(params: RoutingParams, spec: ChainSpec, lengths: Tensor) -> Tensor:
-    r""":math:`\mathrm{Acc}(\tau, L)=\sum_s\pi(s\mid\tau)R(s,\tau,L)`, ``[R, types, len(lengths)]``."""
+    r"""$\mathrm{Acc}(\tau, L)=\sum_s\pi(s\mid\tau)R(s,\tau,L)$, ``[R, types, len(lengths)]``."""
     return (routing(params)[..., None] * strategy_success(params, spec, lengths)).sum(-2)
 
 
@@ -113,7 +113,9 @@ def trajectory_loglik(
 ) -> Tensor:
     r"""Differentiable trajectory log-likelihood ``[R, M]`` (lottery term omitted: it is constant).
 
-    .. math:: \log\pi_\psi(s\mid\tau)+\sum_{t<t_f}\log p_t(s)+1[\text{failed}]\log(1-p_{t_f}(s))
+    $$
+    \log\pi_\psi(s\mid\tau)+\sum_{t<t_f}\log p_t(s)+1[\text{failed}]\log(1-p_{t_f}(s))
+    $$
 
     """
     r = types.shape[0]
@@ -129,9 +131,9 @@ def trajectory_loglik(
 
 
 def grpo_advantages_population_std(rewards: Tensor, *, eps: float = 1e-6) -> Tensor:
-    r"""Group advantages :math:`A=(R-\bar R_G)/(\mathrm{std}_G+\epsilon)`, population std (ddof 0), last axis.
+    r"""Group advantages $A=(R-\bar R_G)/(\mathrm{std}_G+\epsilon)$, population std (ddof 0), last axis.
 
-    The library's :func:`~posttrain.estimators.group_normalized_advantages` uses the Bessel std
+    The library's `group_normalized_advantages` uses the Bessel std
     (verl); the calibrated toy uses ddof 0, which matters under plain SGD.
     """
     centred = rewards - rewards.mean(-1, keepdim=True)
@@ -148,10 +150,10 @@ def train_sft(
     lr: float = 0.1,
     lengths: tuple[int, int] = (2, 5),
 ) -> RoutingParams:
-    r"""Adam on the mean demonstration log-likelihood :math:`\log\pi_\psi(s\mid\tau)+L\log\sigma(a_s)`.
+    r"""Adam on the mean demonstration log-likelihood $\log\pi_\psi(s\mid\tau)+L\log\sigma(a_s)$.
 
     ``allowed [R, 2]`` marks the strategies of each run's SFT data (F-only, B-only, FB); ``e`` is
-    untouched (demonstrations are no longer than :math:`T_0`).
+    untouched (demonstrations are no longer than $T_0$).
     """
     psi, a = params["psi"].clone().requires_grad_(True), params["a"].clone().requires_grad_(True)
     opt = torch.optim.Adam([psi, a], lr=lr, betas=(0.9, 0.999), eps=1e-8)
@@ -187,7 +189,7 @@ def train_grpo_routing(
     group: int = 8,
     lr: float = 2.0,
 ) -> tuple[RoutingParams, Tensor]:
-    r"""GRPO by plain SGD ascent: :math:`\theta \leftarrow \theta + \frac{lr}{BG}\sum A\,\nabla\log p(\text{traj})`.
+    r"""GRPO by plain SGD ascent: $\theta \leftarrow \theta + \frac{lr}{BG}\sum A\,\nabla\log p(\text{traj})$.
 
     ``w_eval [R]`` is each run's share of evaluation problems; ``lengths`` is one inclusive range
     ``(low, high)`` or per-run ranges ``[R, 2]``. Returns the final parameters and the sampled

@@ -1,24 +1,26 @@
 r"""Tabular autoregressive policies over short token sequences, with exact enumeration.
 
 A policy is a logits table ``[*seeds, G, N_nodes, V]``: one row of V logits per (prompt, context
-node). :class:`TabularSpec` fixes vocabulary ``V``, horizon ``T``, an optional end-of-sequence
+node). `TabularSpec` fixes vocabulary ``V``, horizon ``T``, an optional end-of-sequence
 token and how a prefix maps to a node: ``"tree"`` (one node per distinct prefix, a token tree:
-:math:`\sum_{t<T} V^t` nodes) or ``"markov"`` (one node per (position, previous token):
-:math:`1 + (T-1)V` nodes). The sequence probability is
+$\sum_{t<T} V^t$ nodes) or ``"markov"`` (one node per (position, previous token):
+$1 + (T-1)V$ nodes). The sequence probability is
 
-.. math:: \pi(y \mid g) = \prod_{t} \mathrm{softmax}(\theta_{g,\,n(y_{<t})})[y_t]
+$$
+\pi(y \mid g) = \prod_{t} \mathrm{softmax}(\theta_{g,\,n(y_{<t})})[y_t]
+$$
 
 over the positions up to and including the first EOS. After EOS a response is padded with token
 0 and masked out, so a finished sequence has one canonical ``[T]`` row.
 
 Sampling draws ``[*seeds, G, K, T]`` tokens with behaviour log-probs and masks (one uniform per
-position, a loop over the T positions only); :func:`token_logp` returns the differentiable
-``[*seeds, G, K, T]`` log-probs in the layout :mod:`posttrain.estimators` consumes after
-``reshape(-1, T)``. When :math:`V^T \le 10^5` every sequence is enumerated
-(:func:`enumerate_sequences`), giving exact sequence probabilities, expected reward, pass@k,
+position, a loop over the T positions only); `token_logp` returns the differentiable
+``[*seeds, G, K, T]`` log-probs in the layout `posttrain.estimators` consumes after
+``reshape(-1, T)``. When $V^T \le 10^5$ every sequence is enumerated
+(`enumerate_sequences`), giving exact sequence probabilities, expected reward, pass@k,
 entropy, and reverse/forward KL to a teacher table of the same spec. Verifiers score complete
-sequences; :class:`TargetVerifier` holds several correct sequences per prompt,
-:class:`HammingVerifier` gives the dense reward :math:`1 - \mathrm{Hamming}(y, \tau)/T`.
+sequences; `TargetVerifier` holds several correct sequences per prompt,
+`HammingVerifier` gives the dense reward $1 - \mathrm{Hamming}(y, \tau)/T$.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ _Idx = TypeVar("_Idx", int, Tensor)
 class TabularSpec:
     """Vocabulary ``vocab`` (V), horizon ``horizon`` (T), optional ``eos`` token id, and the context map.
 
-    Example:
+    Examples:
         >>> TabularSpec(vocab=3, horizon=2).num_nodes, TabularSpec(vocab=3, horizon=2, context="markov").num_nodes
         (4, 4)
     """
@@ -94,7 +96,7 @@ class TabularSpec:
         return offsets + tokens @ weights
 
     def next_node(self, node: _Idx, t: int, token: _Idx) -> _Idx:
-        """Node of the prefix extended by ``token`` at position ``t`` (the incremental form of :meth:`prefix_nodes`)."""
+        """Node of the prefix extended by ``token`` at position ``t`` (the incremental form of `prefix_nodes`)."""
         if self.context == "markov":
             return 1 + t * self.vocab + token
         return node * self.vocab + token + 1
@@ -118,9 +120,9 @@ def _check_table(spec: TabularSpec, table: Tensor) -> Tensor:
 
 
 def token_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"], tokens: Int[Tensor, "*seeds G K T"]) -> Tensor:
-    r"""Per-token :math:`\log\pi(y_t \mid g, y_{<t})` ``[*seeds, G, K, T]``, differentiable; 0 off the mask.
+    r"""Per-token $\log\pi(y_t \mid g, y_{<t})$ ``[*seeds, G, K, T]``, differentiable; 0 off the mask.
 
-    Example:
+    Examples:
         >>> spec = TabularSpec(vocab=2, horizon=2)
         >>> token_logp(spec, torch.zeros(1, 3, 2), torch.tensor([[[1, 0]]])).exp().tolist()
         [[[0.5, 0.5]]]
@@ -177,7 +179,7 @@ def _enumerated_edges(spec: TabularSpec) -> tuple[Tensor, Tensor]:
 
 
 def sequence_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"]) -> Float[Tensor, "*seeds G N_seq"]:
-    """Exact :math:`\\log\\pi(y\\mid g)` of every enumerated sequence (differentiable; they sum to 1 in probability)."""
+    """Exact $\\log\\pi(y\\mid g)$ of every enumerated sequence (differentiable; they sum to 1 in probability)."""
     _check_table(spec, table)
     idx, mask = _enumerated_edges(spec)
     logp_table = torch.log_softmax(table, dim=-1).flatten(-2)  # [*s, G, N*V]
@@ -204,7 +206,7 @@ def boost_sequences(
 class Verifier(Protocol):
     """Scores complete sequences: ``(tokens [*seeds, G, K, T], mask) -> rewards [*seeds, G, K]`` in [0, 1].
 
-    It must broadcast over leading axes: :class:`TabularEnv` scores every enumerated sequence for
+    It must broadcast over leading axes: `TabularEnv` scores every enumerated sequence for
     every prompt at once by passing ``[1, N_seq, T]`` and reading ``[G, N_seq]``.
     """
 
@@ -239,7 +241,7 @@ class TargetVerifier:
 
 @dataclass(frozen=True, eq=False)
 class HammingVerifier:
-    """Dense reward :math:`1 - \\#\\{t: y_t \\ne \\tau_t\\}/T` against one target ``[G, T]`` per prompt (no EOS)."""
+    """Dense reward $1 - \\#\\{t: y_t \\ne \\tau_t\\}/T$ against one target ``[G, T]`` per prompt (no EOS)."""
 
     target: Int[Tensor, "G T"]
 
@@ -249,9 +251,9 @@ class HammingVerifier:
 
 @dataclass(frozen=True, eq=False)
 class TabularEnv:
-    """A tabular policy's environment: the spec and a verifier, with exact metrics by enumeration.
+    """A tabular policy's environment: the paper and a verifier, with exact metrics by enumeration.
 
-    Example:
+    Examples:
         >>> spec = TabularSpec(vocab=3, horizon=2)
         >>> env = TabularEnv(spec, TargetVerifier(spec, torch.tensor([[[1, 2]]])))
         >>> table = torch.zeros(1, spec.num_nodes, 3, dtype=torch.float64)
@@ -286,7 +288,7 @@ class TabularEnv:
         return sequence_logp(self.spec, params).exp()
 
     def expected_reward(self, params: Tensor) -> Tensor:
-        """``[*seeds, G]`` exact :math:`E_\\pi[r]` (differentiable: autograd gives the exact policy gradient)."""
+        """``[*seeds, G]`` exact $E_\\pi[r]$ (differentiable: autograd gives the exact policy gradient)."""
         return (self.sequence_probs(params) * self.sequence_rewards.to(params.dtype)).sum(-1)
 
     def success_prob(self, params: Tensor) -> Tensor:
@@ -302,7 +304,7 @@ class TabularEnv:
     def kl(self, params: Tensor, teacher: Tensor, *, direction: Literal["reverse", "forward"] = "reverse") -> Tensor:
         r"""Exact sequence-level KL ``[*seeds, G]`` to a teacher table.
 
-        ``reverse``: :math:`\mathrm{KL}(\pi\|\pi_T)`; ``forward``: :math:`\mathrm{KL}(\pi_T\|\pi)`.
+        ``reverse``: $\mathrm{KL}(\pi\|\pi_T)$; ``forward``: $\mathrm{KL}(\pi_T\|\pi)$.
         """
         a, b = sequence_logp(self.spec, params), sequence_logp(self.spec, teacher.to(params.dtype))
         if direction == "forward":

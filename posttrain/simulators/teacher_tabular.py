@@ -1,17 +1,17 @@
-r"""Student-teacher toys on tabular autoregressive policies (specs 01 and 13).
+r"""Student-teacher toys on tabular autoregressive policies (docs: methods/opd_then_rl.md, methods/opd2.md).
 
-Builds on :mod:`posttrain.simulators.tabular` (sampling, log-probs, enumeration). What it adds:
+Builds on `posttrain.simulators.tabular` (sampling, log-probs, enumeration). What it adds:
 
-- :func:`node_log_probs`: the full next-token distribution ``[*seeds, G, K, T, V]`` of any table at
+- `node_log_probs`: the full next-token distribution ``[*seeds, G, K, T, V]`` of any table at
   the prefixes of sampled tokens (teacher and teacher-base expectations, exact top-K = V);
-- :func:`exact_success`: exact p@1 from the (distinct) correct sequences of each prompt;
-- :func:`stack_methods`: several methods trained side by side in one batched run;
-- :func:`train_with_teacher`: an on-policy loop (sample, score, per-token loss, per-seed token-mean,
+- `exact_success`: exact p@1 from the (distinct) correct sequences of each prompt;
+- `stack_methods`: several methods trained side by side in one batched run;
+- `train_with_teacher`: an on-policy loop (sample, score, per-token loss, per-seed token-mean,
   Adam) whose method is one callable ``loss_fn(TeacherStep) -> [B, T]``. The loop never looks at
   what the method is; the method decides itself whether it needs a teacher forward at a step.
 
 Seeds are a leading axis of every tensor (``[S, G, ...]``); environments may differ per seed
-(spec 01: environment seed = training seed). Each seed's loss is its own token mean, so with an
+(docs: methods/opd_then_rl.md: environment seed = training seed). Each seed's loss is its own token mean, so with an
 elementwise optimiser (Adam) the seeds are independent.
 """
 
@@ -90,7 +90,7 @@ def node_log_probs(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
 def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
     """``[*seeds, G, K, T]`` log-prob of each token given its prefix (differentiable), 0 off the response mask.
 
-    Same values as :func:`posttrain.simulators.tabular.token_logp`, via :func:`node_log_probs`.
+    Same values as `posttrain.simulators.tabular.token_logp`, via `node_log_probs`.
     """
     logp = node_log_probs(spec, table, tokens).gather(-1, tokens.unsqueeze(-1))[..., 0]
     return torch.where(spec.response_mask(tokens), logp, torch.zeros((), dtype=logp.dtype))
@@ -99,7 +99,7 @@ def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tens
 def exact_success(spec: TabularSpec, table: Tensor, correct: Tensor) -> Tensor:
     """``[*seeds, G]`` exact probability of producing one of the **distinct** correct sequences ``correct [*seeds, G, C, T]``.
 
-    Sums the C sequence probabilities (cheaper than enumerating all :math:`V^T` sequences when C is small).
+    Sums the C sequence probabilities (cheaper than enumerating all $V^T$ sequences when C is small).
     """
     return visited_token_logp(spec, table, correct).sum(-1).exp().sum(-1)
 
@@ -163,7 +163,7 @@ def train_with_teacher(
         steps, k, seeds, lr: updates, samples per prompt, seeds (sampling stream 0), Adam step size.
 
     Returns:
-        :class:`TrainResult`.
+        `TrainResult`.
     """
     rng = SeedRNG.from_seeds(list(seeds), stream=0)
     s, g = theta0.shape[0], theta0.shape[1]

@@ -1,17 +1,18 @@
 r"""SFT:RL annotation-budget allocation: near-optimal regions, widths, transfer (Wang et al. 2026).
 
-With budget ``B`` and SFT share ``r`` of a grid :math:`\mathcal G`, the :math:`\varepsilon`-near-optimal region is
+With budget ``B`` and SFT share ``r`` of a grid $\mathcal G$, the $\varepsilon$-near-optimal region is
 
-.. math::
-    \hat{\mathcal R}_\varepsilon=\{r\in\mathcal G:\ \mathcal P(r)\ge(1-\varepsilon)\max_{r'}\mathcal P(r')\}
+$$
+\hat{\mathcal R}_\varepsilon=\{r\in\mathcal G:\ \mathcal P(r)\ge(1-\varepsilon)\max_{r'}\mathcal P(r')\}
+$$
 
-(multiplicative tolerance; needs a non-negative metric; :func:`near_optimal_region` also offers the
-absolute variant :math:`\mathcal P\ge\max\mathcal P-\delta`). Widths
-:math:`w^{rng}=\max\hat{\mathcal R}-\min\hat{\mathcal R}`, :math:`w^{cnt}=|\hat{\mathcal R}|/|\mathcal G|`; cross-scale
-transfer :math:`T=|\hat{\mathcal R}_s\cap\hat{\mathcal R}_t|/|\hat{\mathcal R}_s|`; the proxy recommends the midpoint
+(multiplicative tolerance; needs a non-negative metric; `near_optimal_region` also offers the
+absolute variant $\mathcal P\ge\max\mathcal P-\delta$). Widths
+$w^{rng}=\max\hat{\mathcal R}-\min\hat{\mathcal R}$, $w^{cnt}=|\hat{\mathcal R}|/|\mathcal G|$; cross-scale
+transfer $T=|\hat{\mathcal R}_s\cap\hat{\mathcal R}_t|/|\hat{\mathcal R}_s|$; the proxy recommends the midpoint
 of its region snapped to the nearest member, and *hits* when that lies in the target's region.
-Cost asymmetry :math:`\rho=c_{SFT}/c_{RL}` converts a budget into counts (*reconstructed*):
-:math:`n_{SFT}=\lfloor rB/\rho\rfloor`, :math:`n_{RL}=\lfloor(1-r)B\rfloor`.
+Cost asymmetry $\rho=c_{SFT}/c_{RL}$ converts a budget into counts (*reconstructed*):
+$n_{SFT}=\lfloor rB/\rho\rfloor$, $n_{RL}=\lfloor(1-r)B\rfloor$.
 
 Regions are boolean arrays over the grid with any leading batch (seeds, bootstrap resamples,
 sizes); every function is vectorised over that batch.
@@ -55,10 +56,11 @@ def _grid(grid: ArrayLike) -> Array:
 
 
 def budget_split(r: ArrayLike, budget: float, *, rho: float = 1.0) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    r"""Counts :math:`(n_{SFT}, n_{RL}) = (\lfloor rB/\rho\rfloor, \lfloor(1-r)B\rfloor)` (RL unit cost 1, SFT cost :math:`\rho`).
+    r"""Counts $(n_{SFT}, n_{RL}) = (\lfloor rB/\rho\rfloor, \lfloor(1-r)B\rfloor)$ (RL unit cost 1, SFT cost $\rho$).
 
-    >>> [a.tolist() for a in budget_split([0.0, 0.5, 1.0], 150, rho=2.0)]
-    [[0, 37, 75], [150, 75, 0]]
+    Examples:
+        >>> [a.tolist() for a in budget_split([0.0, 0.5, 1.0], 150, rho=2.0)]
+        [[0, 37, 75], [150, 75, 0]]
     """
     rr = np.asarray(r, dtype=np.float64)
     if np.any(rr < 0) or np.any(rr > 1):
@@ -79,11 +81,12 @@ def near_optimal_region(
     Args:
         perf: ``[..., R]`` metric at each grid point (higher is better; non-negative when
             ``absolute=False``).
-        eps: tolerance :math:`\varepsilon\in[0,1]` (multiplicative) or :math:`\delta\ge0` (``absolute=True``).
+        eps: tolerance $\varepsilon\in[0,1]$ (multiplicative) or $\delta\ge0$ (``absolute=True``).
         feasible: ``[R]`` or ``[..., R]`` bool, grid points eligible at all (default all).
 
-    >>> near_optimal_region([0.5, 0.9, 1.0, 0.95], 0.1).tolist()
-    [False, True, True, True]
+    Examples:
+        >>> near_optimal_region([0.5, 0.9, 1.0, 0.95], 0.1).tolist()
+        [False, True, True, True]
     """
     p = np.asarray(perf, dtype=np.float64)
     if p.ndim < 1 or p.shape[-1] < 1 or not np.all(np.isfinite(p)):
@@ -104,10 +107,11 @@ def near_optimal_region(
 
 
 def width_count(region: ArrayLike, *, feasible: ArrayLike | None = None) -> Array:
-    r""":math:`w^{cnt}=|\hat{\mathcal R}|/|\mathcal G|` (``|G|`` counts feasible points only).
+    r"""$w^{cnt}=|\hat{\mathcal R}|/|\mathcal G|$ (``|G|`` counts feasible points only).
 
-    >>> float(width_count([True, False, True, True]))
-    0.75
+    Examples:
+        >>> float(width_count([True, False, True, True]))
+        0.75
     """
     m = np.asarray(region, dtype=bool)
     size = m.shape[-1] if feasible is None else np.sum(np.asarray(feasible, dtype=bool), axis=-1)
@@ -115,10 +119,11 @@ def width_count(region: ArrayLike, *, feasible: ArrayLike | None = None) -> Arra
 
 
 def width_range(region: ArrayLike, grid: ArrayLike) -> Array:
-    r""":math:`w^{rng}=\max\hat{\mathcal R}-\min\hat{\mathcal R}` (ignores holes; 0 for an empty region).
+    r"""$w^{rng}=\max\hat{\mathcal R}-\min\hat{\mathcal R}$ (ignores holes; 0 for an empty region).
 
-    >>> float(width_range([True, False, True, False], [0.0, 0.25, 0.5, 0.75]))
-    0.5
+    Examples:
+        >>> float(width_range([True, False, True, False], [0.0, 0.25, 0.5, 0.75]))
+        0.5
     """
     m = np.asarray(region, dtype=bool)
     g = _grid(grid)
@@ -128,10 +133,11 @@ def width_range(region: ArrayLike, grid: ArrayLike) -> Array:
 
 
 def transferability(source: ArrayLike, target: ArrayLike) -> Array:
-    r""":math:`T=|\hat{\mathcal R}_s\cap\hat{\mathcal R}_t|/|\hat{\mathcal R}_s|\in[0,1]` (``nan`` for an empty source).
+    r"""$T=|\hat{\mathcal R}_s\cap\hat{\mathcal R}_t|/|\hat{\mathcal R}_s|\in[0,1]$ (``nan`` for an empty source).
 
-    >>> float(transferability([True, True, False], [False, True, True]))
-    0.5
+    Examples:
+        >>> float(transferability([True, True, False], [False, True, True]))
+        0.5
     """
     s = np.asarray(source, dtype=bool)
     t = np.asarray(target, dtype=bool)
@@ -145,8 +151,9 @@ def proxy_ratio(region: ArrayLike, grid: ArrayLike) -> Array:
 
     Always a member of a non-empty region (``nan`` for an empty one).
 
-    >>> float(proxy_ratio([True, False, False, True, True], [0.0, 0.25, 0.5, 0.75, 1.0]))
-    0.75
+    Examples:
+        >>> float(proxy_ratio([True, False, False, True, True], [0.0, 0.25, 0.5, 0.75, 1.0]))
+        0.75
     """
     m = np.asarray(region, dtype=bool)
     g = _grid(grid)
@@ -160,8 +167,9 @@ def proxy_ratio(region: ArrayLike, grid: ArrayLike) -> Array:
 def proxy_hit(source: ArrayLike, target: ArrayLike, grid: ArrayLike) -> Mask:
     """Whether the proxy's recommended ratio (from ``source``) lies in the ``target`` region.
 
-    >>> bool(proxy_hit([True, True, True], [False, True, False], [0.0, 0.5, 1.0]))
-    True
+    Examples:
+        >>> bool(proxy_hit([True, True, True], [False, True, False], [0.0, 0.5, 1.0]))
+        True
     """
     g = _grid(grid)
     r_hat = proxy_ratio(source, g)
@@ -209,9 +217,10 @@ class RegionSummary:
 def summarise_region(perf: ArrayLike, grid: ArrayLike, eps: float, *, absolute: bool = False) -> RegionSummary:
     """Region, widths, proxy midpoint and argmax of the seed mean of ``perf [seeds, R]`` (or ``[R]``).
 
-    >>> s = summarise_region([[0.5, 0.9, 1.0]], [0.0, 0.5, 1.0], 0.1)
-    >>> s.region.tolist(), s.width_range, s.proxy_ratio
-    ([False, True, True], 0.5, 0.5)
+    Examples:
+        >>> s = summarise_region([[0.5, 0.9, 1.0]], [0.0, 0.5, 1.0], 0.1)
+        >>> s.region.tolist(), s.width_range, s.proxy_ratio
+        ([False, True, True], 0.5, 0.5)
     """
     p = np.asarray(perf, dtype=np.float64)
     mean = p.mean(axis=0) if p.ndim == 2 else p

@@ -1,20 +1,20 @@
 r"""Comparison curation for DPO as optimal experimental design (Han, Goyal, Ma 2026).
 
 Which within-prompt pairs should be labelled? For a log-linear policy
-:math:`\pi_\theta(y|x)\propto\pi_0(y|x)e^{\theta^\top\phi(x,y)}` trained by DPO on ``n`` labels drawn
-from a design ``q`` over candidate edges, the RLHF gap is of order :math:`\tfrac1n\mathrm{tr}(I\Sigma_q^\dagger)`
+$\pi_\theta(y|x)\propto\pi_0(y|x)e^{\theta^\top\phi(x,y)}$ trained by DPO on ``n`` labels drawn
+from a design ``q`` over candidate edges, the RLHF gap is of order $\tfrac1n\mathrm{tr}(I\Sigma_q^\dagger)$
 (upper bound for DPO, Van Trees lower bound for any estimator), with
 
-- the per-label information :math:`\Sigma_q(\theta)=\sum_e q_e\,\sigma'(g_e^\top\theta)\,g_eg_e^\top`,
-  :math:`g_e=\beta(\phi(x,y_a)-\phi(x,y_b))` (:func:`information_matrix`);
-- the policy curvature :math:`I(\theta)=\tfrac\beta2\mathbb E_x\mathrm{Cov}_{\pi_\theta(\cdot|x)}[\phi]`
-  (:func:`policy_curvature`, *reconstructed normalisation*: it makes ``n * gap -> trace`` with
+- the per-label information $\Sigma_q(\theta)=\sum_e q_e\,\sigma'(g_e^\top\theta)\,g_eg_e^\top$,
+  $g_e=\beta(\phi(x,y_a)-\phi(x,y_b))$ (`information_matrix`);
+- the policy curvature $I(\theta)=\tfrac\beta2\mathbb E_x\mathrm{Cov}_{\pi_\theta(\cdot|x)}[\phi]$
+  (`policy_curvature`, *reconstructed normalisation*: it makes ``n * gap -> trace`` with
   constant 1);
-- the pseudo-inverse taken on the identifiable subspace (:func:`identifiable_basis`,
-  :func:`design_trace`, which returns ``inf`` for a design that does not cover it).
+- the pseudo-inverse taken on the identifiable subspace (`identifiable_basis`,
+  `design_trace`, which returns ``inf`` for a design that does not cover it).
 
-Solvers for the optimal design live in :mod:`posttrain.theory.dpo_design_solvers`; the data
-pipeline (pool in, selected pairs out) in :mod:`posttrain.theory.dpo_pair_selection`.
+Solvers for the optimal design live in `posttrain.theory.dpo_design_solvers`; the data
+pipeline (pool in, selected pairs out) in `posttrain.theory.dpo_pair_selection`.
 Arrays are float64 numpy; dimensions: ``G`` prompts, ``K`` completions per prompt, ``D`` features,
 ``E`` candidate edges (rows ``(prompt, a, b)``).
 
@@ -75,8 +75,9 @@ def check_simplex(name: str, q: ArrayLike, size: int, *, atol: float = 1e-8) -> 
 def within_prompt_pairs(num_prompts: int, k: int) -> NDArray[np.int64]:
     """All unordered within-prompt pairs: ``[E, 3]`` rows ``(prompt, a, b)`` with ``a < b``, ``E = G*C(K,2)``.
 
-    >>> within_prompt_pairs(1, 3).tolist()
-    [[0, 0, 1], [0, 0, 2], [0, 1, 2]]
+    Examples:
+        >>> within_prompt_pairs(1, 3).tolist()
+        [[0, 0, 1], [0, 0, 2], [0, 1, 2]]
     """
     if int(num_prompts) < 1 or int(k) < 2:
         raise DomainError(f"num_prompts, k: expected >= 1 and >= 2, got {num_prompts}, {k}")
@@ -96,7 +97,7 @@ def _check_edges(edges: ArrayLike, g_shape: tuple[int, ...]) -> NDArray[np.int64
 
 
 def edge_vectors(phi: ArrayLike, edges: ArrayLike, *, beta: float = 1.0) -> Array:
-    r"""Edge sensitivity vectors :math:`g_e = \beta(\phi(x,y_a)-\phi(x,y_b))` (the gradient of the DPO logit).
+    r"""Edge sensitivity vectors $g_e = \beta(\phi(x,y_a)-\phi(x,y_b))$ (the gradient of the DPO logit).
 
     Args:
         phi: ``[G, K, D]`` features of each completion (tabular: one-hot, ``G = 1``).
@@ -106,8 +107,9 @@ def edge_vectors(phi: ArrayLike, edges: ArrayLike, *, beta: float = 1.0) -> Arra
     Returns:
         ``[E, D]``.
 
-    >>> edge_vectors(np.eye(3)[None], np.array([[0, 0, 2]]), beta=2.0).tolist()
-    [[2.0, 0.0, -2.0]]
+    Examples:
+        >>> edge_vectors(np.eye(3)[None], np.array([[0, 0, 2]]), beta=2.0).tolist()
+        [[2.0, 0.0, -2.0]]
     """
     f = as_array("phi", phi, 3)
     beta = check_positive("beta", beta)
@@ -116,12 +118,13 @@ def edge_vectors(phi: ArrayLike, edges: ArrayLike, *, beta: float = 1.0) -> Arra
 
 
 def fisher_weights(g: ArrayLike, theta: ArrayLike | None = None) -> Array:
-    r"""Per-edge Bradley-Terry Fisher weights :math:`\sigma'(u_e)=\sigma(u_e)(1-\sigma(u_e))`, :math:`u_e=g_e^\top\theta`.
+    r"""Per-edge Bradley-Terry Fisher weights $\sigma'(u_e)=\sigma(u_e)(1-\sigma(u_e))$, $u_e=g_e^\top\theta$.
 
     ``theta=None`` is the reference parameter (all implicit rewards 0, weight 1/4).
 
-    >>> fisher_weights(np.ones((2, 1))).tolist()
-    [0.25, 0.25]
+    Examples:
+        >>> fisher_weights(np.ones((2, 1))).tolist()
+        [0.25, 0.25]
     """
     gg = as_array("g", g, 2)
     if theta is None:
@@ -134,21 +137,22 @@ def fisher_weights(g: ArrayLike, theta: ArrayLike | None = None) -> Array:
 
 
 def information_matrix(g: ArrayLike, q: ArrayLike, *, theta: ArrayLike | None = None) -> Array:
-    r"""Per-label information of a design: :math:`\Sigma_q(\theta)=\sum_e q_e\,\sigma'(g_e^\top\theta)\,g_eg_e^\top`.
+    r"""Per-label information of a design: $\Sigma_q(\theta)=\sum_e q_e\,\sigma'(g_e^\top\theta)\,g_eg_e^\top$.
 
     Symmetric PSD and linear in ``q``. For an empirical multiset of labelled edges pass the rows of
     the multiset and ``q = 1/n`` (the average of per-label rank-one terms).
 
     Args:
-        g: ``[E, D]`` edge vectors (:func:`edge_vectors`).
+        g: ``[E, D]`` edge vectors (`edge_vectors`).
         q: ``[E]`` design weights on the simplex.
         theta: ``[D]`` parameter at which the Fisher weights are taken (``None``: reference, 1/4).
 
     Returns:
         ``[D, D]``.
 
-    >>> information_matrix(np.array([[1.0, -1.0]]), np.array([1.0])).tolist()
-    [[0.25, -0.25], [-0.25, 0.25]]
+    Examples:
+        >>> information_matrix(np.array([[1.0, -1.0]]), np.array([1.0])).tolist()
+        [[0.25, -0.25], [-0.25, 0.25]]
     """
     gg = as_array("g", g, 2)
     qq = check_simplex("q", q, gg.shape[0])
@@ -158,7 +162,7 @@ def information_matrix(g: ArrayLike, q: ArrayLike, *, theta: ArrayLike | None = 
 
 
 def loglinear_logp(phi: ArrayLike, theta: ArrayLike, logp_ref: ArrayLike) -> Array:
-    r"""Log-probs of the log-linear policy :math:`\log\pi_\theta(y|x)=\log\pi_0(y|x)+\theta^\top\phi(x,y)-\log Z_\theta(x)`.
+    r"""Log-probs of the log-linear policy $\log\pi_\theta(y|x)=\log\pi_0(y|x)+\theta^\top\phi(x,y)-\log Z_\theta(x)$.
 
     Args:
         phi: ``[G, K, D]``; theta: ``[D]`` or ``[N, D]`` (a batch); logp_ref: ``[G, K]`` (renormalised).
@@ -184,22 +188,23 @@ def _prompt_weights(prompt_weights: ArrayLike | None, num_prompts: int) -> Array
 def policy_curvature(
     phi: ArrayLike, logp: ArrayLike, *, beta: float = 1.0, prompt_weights: ArrayLike | None = None
 ) -> Array:
-    r"""Policy curvature :math:`I(\theta)=\tfrac\beta2\sum_x\rho_x\,\mathrm{Cov}_{y\sim\pi_\theta(\cdot|x)}[\phi(x,y)]`.
+    r"""Policy curvature $I(\theta)=\tfrac\beta2\sum_x\rho_x\,\mathrm{Cov}_{y\sim\pi_\theta(\cdot|x)}[\phi(x,y)]$.
 
-    *Reconstructed normalisation* (second-order expansion of :math:`\beta\,\mathrm{KL}(\pi_\theta\|\pi_{\theta^*})`);
-    the paper absorbs constants into its bounds. Tabular (``phi = I``): :math:`\tfrac\beta2(\mathrm{diag}\,\pi-\pi\pi^\top)`.
+    *Reconstructed normalisation* (second-order expansion of $\beta\,\mathrm{KL}(\pi_\theta\|\pi_{\theta^*})$);
+    the paper absorbs constants into its bounds. Tabular (``phi = I``): $\tfrac\beta2(\mathrm{diag}\,\pi-\pi\pi^\top)$.
 
     Args:
         phi: ``[G, K, D]`` completion features.
-        logp: ``[G, K]`` log-probs of :math:`\pi_\theta` over each prompt's pool (renormalised here).
+        logp: ``[G, K]`` log-probs of $\pi_\theta$ over each prompt's pool (renormalised here).
         beta: KL strength, > 0.
-        prompt_weights: ``[G]`` prompt distribution :math:`\rho` (default uniform).
+        prompt_weights: ``[G]`` prompt distribution $\rho$ (default uniform).
 
     Returns:
         ``[D, D]`` symmetric PSD.
 
-    >>> policy_curvature(np.eye(2)[None], np.log([[0.5, 0.5]]), beta=2.0).tolist()
-    [[0.25, -0.25], [-0.25, 0.25]]
+    Examples:
+        >>> policy_curvature(np.eye(2)[None], np.log([[0.5, 0.5]]), beta=2.0).tolist()
+        [[0.25, -0.25], [-0.25, 0.25]]
     """
     f = as_array("phi", phi, 3)
     lp = as_array("logp", logp, 2)
@@ -218,8 +223,9 @@ def identifiable_basis(g: ArrayLike, *, rtol: float = 1e-10) -> Array:
 
     Directions orthogonal to every ``g_e`` leave every DPO logit unchanged and cannot be learned.
 
-    >>> identifiable_basis(np.array([[1.0, -1.0], [2.0, -2.0]])).shape
-    (2, 1)
+    Examples:
+        >>> identifiable_basis(np.array([[1.0, -1.0], [2.0, -2.0]])).shape
+        (2, 1)
     """
     gg = as_array("g", g, 2)
     _, s, vt = np.linalg.svd(gg, full_matrices=False)
@@ -237,10 +243,10 @@ def centred_basis(d: int) -> Array:
 
 
 def design_trace(M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = None, rtol: float = 1e-9) -> float:
-    r"""The bound's criterion :math:`\mathrm{tr}(M\,\Sigma^\dagger)` on the identifiable subspace ``U``.
+    r"""The bound's criterion $\mathrm{tr}(M\,\Sigma^\dagger)$ on the identifiable subspace ``U``.
 
-    Computed as :math:`\mathrm{tr}\big((U^\top MU)(U^\top\Sigma U)^{-1}\big)`. Returns ``inf`` when
-    :math:`U^\top\Sigma U` is singular (the design does not cover the identifiable subspace; tabular:
+    Computed as $\mathrm{tr}\big((U^\top MU)(U^\top\Sigma U)^{-1}\big)$. Returns ``inf`` when
+    $U^\top\Sigma U$ is singular (the design does not cover the identifiable subspace; tabular:
     the comparison graph is disconnected).
 
     Args:
@@ -249,10 +255,11 @@ def design_trace(M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = No
         basis: ``[D, r]`` orthonormal basis (default: all of ``R^D``).
         rtol: eigenvalues below ``rtol * max`` count as zero.
 
-    >>> design_trace(np.eye(2), np.diag([2.0, 4.0]))
-    0.75
-    >>> design_trace(np.eye(2), np.diag([2.0, 0.0]))
-    inf
+    Examples:
+        >>> design_trace(np.eye(2), np.diag([2.0, 4.0]))
+        0.75
+        >>> design_trace(np.eye(2), np.diag([2.0, 0.0]))
+        inf
     """
     m = as_array("M", M, 2)
     s = as_array("sigma", sigma, 2)
@@ -271,13 +278,14 @@ def design_trace(M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = No
 
 
 def gap_upper_bound(trace: float, n: int, *, c_ub: float = 1.0) -> float:
-    r"""DPO upper bound :math:`J(\pi^*)-J(\hat\pi_n)\le \tfrac{C_{ub}}{n}\mathrm{tr}(I(\theta^*)\Sigma(\theta^*)^\dagger)`.
+    r"""DPO upper bound $J(\pi^*)-J(\hat\pi_n)\le \tfrac{C_{ub}}{n}\mathrm{tr}(I(\theta^*)\Sigma(\theta^*)^\dagger)$.
 
     ``c_ub`` is not available from the paper (it depends on the confidence level and regularity
     constants); ``c_ub = 1`` gives the asymptotic mean gap under this package's normalisation of ``I``.
 
-    >>> gap_upper_bound(6.0, 2000)
-    0.003
+    Examples:
+        >>> gap_upper_bound(6.0, 2000)
+        0.003
     """
     if int(n) < 1:
         raise DomainError(f"n: expected a label count >= 1, got {n}")
@@ -285,14 +293,15 @@ def gap_upper_bound(trace: float, n: int, *, c_ub: float = 1.0) -> float:
 
 
 def van_trees_lower_bound(traces: ArrayLike, n: int, *, c_lb: float = 1.0) -> float:
-    r"""Van Trees lower bound :math:`\tfrac{C_{lb}}{n}\mathbb E_{\theta^*}[\mathrm{tr}(I(\theta^*)\Sigma(\theta^*)^\dagger)]`.
+    r"""Van Trees lower bound $\tfrac{C_{lb}}{n}\mathbb E_{\theta^*}[\mathrm{tr}(I(\theta^*)\Sigma(\theta^*)^\dagger)]$.
 
     Args:
-        traces: ``[N]`` criterion values at ``N`` draws of :math:`\theta^*` from the prior.
+        traces: ``[N]`` criterion values at ``N`` draws of $\theta^*$ from the prior.
         n: label budget; c_lb: the (unavailable) constant, default 1.
 
-    >>> van_trees_lower_bound([4.0, 8.0], 100)
-    0.06
+    Examples:
+        >>> van_trees_lower_bound([4.0, 8.0], 100)
+        0.06
     """
     t = np.asarray(traces, dtype=np.float64).reshape(-1)
     if t.size == 0 or np.any(np.isnan(t)):
@@ -310,7 +319,7 @@ def rlhf_objective(
     beta: float,
     prompt_weights: ArrayLike | None = None,
 ) -> float:
-    r""":math:`J(\pi)=\mathbb E_x[\mathbb E_{y\sim\pi}r(x,y)-\beta\,\mathrm{KL}(\pi(\cdot|x)\|\pi_0(\cdot|x))]` over finite pools.
+    r"""$J(\pi)=\mathbb E_x[\mathbb E_{y\sim\pi}r(x,y)-\beta\,\mathrm{KL}(\pi(\cdot|x)\|\pi_0(\cdot|x))]$ over finite pools.
 
     Args: ``logp``, ``logp_ref``, ``rewards``: ``[G, K]``; beta > 0; prompt_weights ``[G]``.
     """
@@ -326,17 +335,18 @@ def rlhf_objective(
 
 
 def rlhf_gap(logp: ArrayLike, logp_star: ArrayLike, *, beta: float, prompt_weights: ArrayLike | None = None) -> Array:
-    r"""Exact RLHF gap :math:`J(\pi^*)-J(\pi)=\beta\,\mathbb E_x\mathrm{KL}(\pi(\cdot|x)\|\pi^*(\cdot|x))\ge0`.
+    r"""Exact RLHF gap $J(\pi^*)-J(\pi)=\beta\,\mathbb E_x\mathrm{KL}(\pi(\cdot|x)\|\pi^*(\cdot|x))\ge0$.
 
     Args:
-        logp: ``[..., G, K]`` log-probs of :math:`\pi` (a leading batch is allowed).
-        logp_star: ``[G, K]`` log-probs of :math:`\pi^*\propto\pi_0e^{r^*/\beta}`.
+        logp: ``[..., G, K]`` log-probs of $\pi$ (a leading batch is allowed).
+        logp_star: ``[G, K]`` log-probs of $\pi^*\propto\pi_0e^{r^*/\beta}$.
 
     Returns:
         ``[...]`` gaps (0-d array without a batch).
 
-    >>> float(rlhf_gap(np.log([[0.5, 0.5]]), np.log([[0.5, 0.5]]), beta=1.0))
-    0.0
+    Examples:
+        >>> float(rlhf_gap(np.log([[0.5, 0.5]]), np.log([[0.5, 0.5]]), beta=1.0))
+        0.0
     """
     lp = log_softmax(np.asarray(logp, dtype=np.float64), axis=-1)
     ls = log_softmax(as_array("logp_star", logp_star, 2), axis=-1)
@@ -354,10 +364,11 @@ def uniform_design(num_edges: int) -> Array:
 
 
 def reference_pair_design(edges: ArrayLike, logp_ref: ArrayLike) -> Array:
-    r"""The :math:`\pi_0`-weighted heuristic :math:`q_e\propto\pi_0(y_a|x)\pi_0(y_b|x)` (*reconstructed form*).
+    r"""The $\pi_0$-weighted heuristic $q_e\propto\pi_0(y_a|x)\pi_0(y_b|x)$ (*reconstructed form*).
 
-    >>> reference_pair_design(within_prompt_pairs(1, 3), np.log([[0.5, 0.25, 0.25]])).round(3).tolist()
-    [0.4, 0.4, 0.2]
+    Examples:
+        >>> reference_pair_design(within_prompt_pairs(1, 3), np.log([[0.5, 0.25, 0.25]])).round(3).tolist()
+        [0.4, 0.4, 0.2]
     """
     l0 = log_softmax(as_array("logp_ref", logp_ref, 2), axis=1)
     e = _check_edges(edges, l0.shape)

@@ -1,14 +1,14 @@
 r"""Optimal comparison designs: convex programs (cvxpy) and a vectorised Frank-Wolfe solver.
 
-The design matrix is :math:`A(q)=R+\sum_e q_e\,s_e\,g_eg_e^\top` (``R`` = ridge: ``lambda*I`` or a
-given PSD matrix; ``s_e`` optional Fisher weights, default 1 since :math:`\sigma'(0)=1/4` only
-rescales). Criteria over the simplex :math:`q\in\Delta(E)`:
+The design matrix is $A(q)=R+\sum_e q_e\,s_e\,g_eg_e^\top$ (``R`` = ridge: ``lambda*I`` or a
+given PSD matrix; ``s_e`` optional Fisher weights, default 1 since $\sigma'(0)=1/4$ only
+rescales). Criteria over the simplex $q\in\Delta(E)$:
 
-- ``trace`` (the paper's curvature-weighted criterion): :math:`\mathrm{tr}(M A(q)^{-1})`;
-- ``A``: :math:`\mathrm{tr}(A(q)^{-1})` (``M = I``); ``D``: :math:`-\log\det A(q)`; ``E``: :math:`-\lambda_{\min}(A(q))`.
+- ``trace`` (the paper's curvature-weighted criterion): $\mathrm{tr}(M A(q)^{-1})$;
+- ``A``: $\mathrm{tr}(A(q)^{-1})$ (``M = I``); ``D``: $-\log\det A(q)$; ``E``: $-\lambda_{\min}(A(q))$.
 
-cvxpy: :func:`build_design_problem` builds, :func:`solve_design_problem` solves and raises
-:class:`~posttrain.errors.ConvergenceError` on a non-optimal status. :func:`frank_wolfe_design`
+cvxpy: `build_design_problem` builds, `solve_design_problem` solves and raises
+`ConvergenceError` on a non-optimal status. `frank_wolfe_design`
 solves the ``trace``/``A`` criteria for large pools (one ``E x D`` matmul per iteration, exact
 line search, away steps).
 
@@ -102,10 +102,11 @@ def _prepare(
 def design_matrix(
     q: ArrayLike, g: ArrayLike, *, weights: ArrayLike | None = None, ridge: float | ArrayLike = 1e-3
 ) -> Array:
-    r""":math:`A(q)=R+\sum_e q_e s_e g_eg_e^\top` (``[D, D]``).
+    r"""$A(q)=R+\sum_e q_e s_e g_eg_e^\top$ (``[D, D]``).
 
-    >>> design_matrix(np.array([1.0]), np.array([[1.0, 0.0]]), ridge=0.5).tolist()
-    [[1.5, 0.0], [0.0, 0.5]]
+    Examples:
+        >>> design_matrix(np.array([1.0]), np.array([[1.0, 0.0]]), ridge=0.5).tolist()
+        [[1.5, 0.0], [0.0, 0.5]]
     """
     gg, s, _, r = _prepare(g, None, weights, ridge)
     qq = check_simplex("q", q, gg.shape[0])
@@ -131,10 +132,11 @@ def design_objective(
     weights: ArrayLike | None = None,
     ridge: float | ArrayLike = 1e-3,
 ) -> float:
-    r"""The criterion value at ``q`` (``inf`` where :math:`A(q)` is singular for trace/A).
+    r"""The criterion value at ``q`` (``inf`` where $A(q)$ is singular for trace/A).
 
-    >>> round(design_objective(np.array([0.5, 0.5]), np.eye(2), ridge=0.0), 12)  # tr((I/2)^{-1})
-    4.0
+    Examples:
+        >>> round(design_objective(np.array([0.5, 0.5]), np.eye(2), ridge=0.0), 12)  # tr((I/2)^{-1})
+        4.0
     """
     crit = Criterion(criterion)
     gg, s, m, r = _prepare(g, M, weights, ridge)
@@ -156,12 +158,12 @@ def build_design_problem(
     ridge: float | ArrayLike = 1e-3,
     costs: ArrayLike | None = None,
 ) -> DesignProblem:
-    r"""Build the convex design program :math:`\min_{q\in\Delta(E)}\Phi(A(q))` in cvxpy.
+    r"""Build the convex design program $\min_{q\in\Delta(E)}\Phi(A(q))$ in cvxpy.
 
-    ``trace``: ``matrix_frac(M^{1/2}, A)`` :math:`=\mathrm{tr}(M A^{-1})`; ``A``: the same with
-    ``M = I``; ``D``: ``-log_det(A)``; ``E``: ``-lambda_min(A)``. :math:`A(q)` is assembled from
+    ``trace``: ``matrix_frac(M^{1/2}, A)`` $=\mathrm{tr}(M A^{-1})$; ``A``: the same with
+    ``M = I``; ``D``: ``-log_det(A)``; ``E``: ``-lambda_min(A)``. $A(q)$ is assembled from
     its upper triangle (``D(D+1)/2 x E`` coefficients). ``costs`` (optional ``[E]``, extension,
-    off by default) adds the labelling-budget constraint :math:`\sum_e q_e c_e\le 1`.
+    off by default) adds the labelling-budget constraint $\sum_e q_e c_e\le 1$.
     """
     crit = Criterion(criterion)
     gg, s, m, r = _prepare(g, M, weights, ridge)
@@ -223,10 +225,10 @@ def solve_design_problem(problem: DesignProblem, *, solver: str | None = None, *
 
 
 def _line_search(a: Array, delta: Array, m: Array, gamma_max: float) -> float:
-    r"""Exact minimiser over :math:`[0,\gamma_{max}]` of :math:`\gamma\mapsto\mathrm{tr}(M(A+\gamma\Delta)^{-1})`.
+    r"""Exact minimiser over $[0,\gamma_{max}]$ of $\gamma\mapsto\mathrm{tr}(M(A+\gamma\Delta)^{-1})$.
 
-    With :math:`A=LL^\top` and :math:`L^{-1}\Delta L^{-\top}=U\Lambda U^\top` the function is
-    :math:`\sum_i m_i/(1+\gamma\lambda_i)`, :math:`m_i=(U^\top L^{-1}ML^{-\top}U)_{ii}`; convex, so the
+    With $A=LL^\top$ and $L^{-1}\Delta L^{-\top}=U\Lambda U^\top$ the function is
+    $\sum_i m_i/(1+\gamma\lambda_i)$, $m_i=(U^\top L^{-1}ML^{-\top}U)_{ii}$; convex, so the
     root of its derivative is found by bisection.
     """
     linv = np.linalg.solve(np.linalg.cholesky(a), np.eye(a.shape[0]))
@@ -281,27 +283,28 @@ def frank_wolfe_design(
     away_steps: bool = True,
     q0: ArrayLike | None = None,
 ) -> DesignResult:
-    r"""Frank-Wolfe (with away steps and exact line search) for :math:`\min_q\mathrm{tr}(M A(q)^{-1})`.
+    r"""Frank-Wolfe (with away steps and exact line search) for $\min_q\mathrm{tr}(M A(q)^{-1})$.
 
-    Gradient :math:`\partial\Phi/\partial q_e=-s_e\,g_e^\top A^{-1}MA^{-1}g_e` (one ``E x D`` by
+    Gradient $\partial\Phi/\partial q_e=-s_e\,g_e^\top A^{-1}MA^{-1}g_e$ (one ``E x D`` by
     ``D x D`` matmul per iteration). A toward step moves to the edge of most negative gradient; an
     away step moves mass off the support edge of largest gradient when that direction is steeper
     (Wolfe 1970; Todd 2016). The objective never increases. Stops when the FW duality gap
-    :math:`\langle\nabla\Phi,q-e_{j^*}\rangle\ge\Phi(q)-\Phi^*` falls below ``tol * Phi(q)``.
+    $\langle\nabla\Phi,q-e_{j^*}\rangle\ge\Phi(q)-\Phi^*$ falls below ``tol * Phi(q)``.
 
     Args:
         g: ``[E, D]`` edge vectors. M: ``[D, D]`` PSD weight (``None``: A-optimal).
         weights: ``[E]`` Fisher weights ``s_e`` (default 1). ridge: ``lambda`` or a ``[D, D]`` matrix.
         max_iter: iteration cap (``status = "max_iter"`` if reached). tol: relative gap tolerance.
-        away_steps: allow away steps. q0: start (default :func:`spanning_start`; uniform if that
+        away_steps: allow away steps. q0: start (default `spanning_start`; uniform if that
             is singular).
 
     Returns:
-        :class:`DesignResult` (``duality_gap`` is the last FW gap).
+        `DesignResult` (``duality_gap`` is the last FW gap).
 
-    >>> res = frank_wolfe_design(np.eye(3), ridge=0.0, tol=1e-10)  # symmetric: uniform is optimal
-    >>> res.q.round(6).tolist(), round(res.objective, 6)
-    ([0.333333, 0.333333, 0.333333], 9.0)
+    Examples:
+        >>> res = frank_wolfe_design(np.eye(3), ridge=0.0, tol=1e-10)  # symmetric: uniform is optimal
+        >>> res.q.round(6).tolist(), round(res.objective, 6)
+        ([0.333333, 0.333333, 0.333333], 9.0)
     """
     gg, s, m, r = _prepare(g, M, weights, ridge)
     num_edges = gg.shape[0]

@@ -1,11 +1,11 @@
-r"""Pair selection for a DPO data pipeline: a completion pool in, the pairs to label out (spec 18, sections 4 and 9).
+r"""Pair selection for a DPO data pipeline: a completion pool in, the pairs to label out (docs: methods/dpo_design.md).
 
 Steps: standardise the completion features (optionally PCA to ``pca_dim``), build all within-prompt
-edges ``g_e = beta (phi_a - phi_b)``, estimate the curvature :math:`\hat I(\theta_0)` as the
-:math:`\pi_0`-weighted within-pool covariance of the features (weights from the reference sequence
+edges ``g_e = beta (phi_a - phi_b)``, estimate the curvature $\hat I(\theta_0)$ as the
+$\pi_0$-weighted within-pool covariance of the features (weights from the reference sequence
 log-probs renormalised over each prompt's pool; *implementation choice*, the paper's exact estimator
-is not available), solve :math:`\min_q\mathrm{tr}(\hat I A(q)^{-1})` by Frank-Wolfe, and draw the
-pairs without replacement proportionally to ``q`` (Efraimidis-Spirakis keys :math:`u^{1/q_e}`,
+is not available), solve $\min_q\mathrm{tr}(\hat I A(q)^{-1})$ by Frank-Wolfe, and draw the
+pairs without replacement proportionally to ``q`` (Efraimidis-Spirakis keys $u^{1/q_e}$,
 seeded; edges with ``q_e = 0`` come last in random order). ``per_prompt=True`` normalises ``q``
 within each prompt and draws ``n_pairs`` per prompt (response selection).
 
@@ -98,21 +98,22 @@ def select_pairs(
     r"""Choose which within-prompt pairs to label: the plug-in optimal design at the reference policy.
 
     Args:
-        phi: ``[G, K, D]`` features of each completion (e.g. last-token hidden states of :math:`\pi_0`).
-        logp_ref: ``[G, K]`` reference sequence log-probs :math:`\log\pi_0(y|x)` of the pool.
+        phi: ``[G, K, D]`` features of each completion (e.g. last-token hidden states of $\pi_0$).
+        logp_ref: ``[G, K]`` reference sequence log-probs $\log\pi_0(y|x)$ of the pool.
         n_pairs: pairs to draw in total (``per_prompt=False``) or per prompt (``per_prompt=True``).
-        beta: DPO temperature (paper: 0.1). ridge: :math:`\lambda` of :math:`A(q)` (paper: 1e-3).
+        beta: DPO temperature (paper: 0.1). ridge: $\lambda$ of $A(q)$ (paper: 1e-3).
         pca_dim: PCA dimension after standardising (paper: 128; ``None`` keeps all).
         per_prompt: response selection (normalise ``q`` within each prompt's ``C(K, 2)`` pairs).
         seed: seed of the without-replacement draw. max_iter, tol: Frank-Wolfe settings.
 
     Returns:
-        :class:`SelectedPairs`.
+        `SelectedPairs`.
 
-    >>> rng = np.random.default_rng(0)
-    >>> out = select_pairs(rng.normal(size=(4, 3, 2)), np.zeros((4, 3)), 1, per_prompt=True)
-    >>> sorted(out.edges[:, 0].tolist())
-    [0, 1, 2, 3]
+    Examples:
+        >>> rng = np.random.default_rng(0)
+        >>> out = select_pairs(rng.normal(size=(4, 3, 2)), np.zeros((4, 3)), 1, per_prompt=True)
+        >>> sorted(out.edges[:, 0].tolist())
+        [0, 1, 2, 3]
     """
     f = standardise_features(phi, pca_dim=pca_dim)
     num_prompts, k = f.shape[:2]

@@ -1,15 +1,15 @@
 r"""Population diversity and coverage of evolution strategies (Ba et al. 2026, arXiv:2608.27351, §3.1, App. A).
 
-For a population of ``P`` perturbed policies :math:`\pi_i(\cdot\mid x)` with success probabilities
-:math:`p_i(x)`:
+For a population of ``P`` perturbed policies $\pi_i(\cdot\mid x)$ with success probabilities
+$p_i(x)$:
 
-- policy Jensen-Shannon diversity :math:`\mathrm{JS}^{pol} = \frac1P\sum_i \mathrm{KL}(\pi_i\|\bar\pi)
-  = H(\bar\pi) - \frac1P\sum_i H(\pi_i)`;
-- its verifier projection :math:`\mathrm{JS}^{succ} = h(\bar p) - \frac1P\sum_i h(p_i)`, with
-  :math:`0 \le \mathrm{JS}^{succ} \le \mathrm{JS}^{pol}` (data processing);
-- the pass@P link (Lemma 2): one response per member, :math:`P^{pop} = 1-\prod_i(1-p_i) \ge
-  P^{same} = 1-(1-\bar p)^P`, with :math:`P^{pop}-P^{same}\approx P\bar p(1-\bar p)^{P-1}\mathrm{JS}^{succ}`;
-- Lemma 1's small-:math:`\sigma` expectation :math:`\frac{\sigma^2}2(1-\frac1P)\operatorname{tr}\mathcal I_x`;
+- policy Jensen-Shannon diversity $\mathrm{JS}^{pol} = \frac1P\sum_i \mathrm{KL}(\pi_i\|\bar\pi)
+  = H(\bar\pi) - \frac1P\sum_i H(\pi_i)$;
+- its verifier projection $\mathrm{JS}^{succ} = h(\bar p) - \frac1P\sum_i h(p_i)$, with
+  $0 \le \mathrm{JS}^{succ} \le \mathrm{JS}^{pol}$ (data processing);
+- the pass@P link (Lemma 2): one response per member, $P^{pop} = 1-\prod_i(1-p_i) \ge
+  P^{same} = 1-(1-\bar p)^P$, with $P^{pop}-P^{same}\approx P\bar p(1-\bar p)^{P-1}\mathrm{JS}^{succ}$;
+- Lemma 1's small-$\sigma$ expectation $\frac{\sigma^2}2(1-\frac1P)\operatorname{tr}\mathcal I_x$;
 - Lemma 3's reward-weighted success and Proposition 1's pass@K bound.
 
 Also the exact coverage metrics of Hayes et al. 2026 (arXiv:2608.12679) computed from success
@@ -72,9 +72,9 @@ def _check_simplex(name: str, probs: Tensor) -> Tensor:
 
 
 def binary_entropy(p: Tensor) -> Tensor:
-    r"""Binary entropy in nats, :math:`h(p) = -p\log p - (1-p)\log(1-p)`, with :math:`h(0)=h(1)=0`.
+    r"""Binary entropy in nats, $h(p) = -p\log p - (1-p)\log(1-p)$, with $h(0)=h(1)=0$.
 
-    Example:
+    Examples:
         >>> round(float(binary_entropy(torch.tensor(0.5))), 6)
         0.693147
     """
@@ -83,7 +83,7 @@ def binary_entropy(p: Tensor) -> Tensor:
 
 
 def bernoulli_kl(p: Tensor, q: Tensor) -> Tensor:
-    r""":math:`\mathrm{KL}(\mathrm{Bern}(p)\|\mathrm{Bern}(q)) = p\log\frac pq + (1-p)\log\frac{1-p}{1-q}` (nats)."""
+    r"""$\mathrm{KL}(\mathrm{Bern}(p)\|\mathrm{Bern}(q)) = p\log\frac pq + (1-p)\log\frac{1-p}{1-q}$ (nats)."""
     _check_prob("p", p, ndim_min=0)
     _check_prob("q", q, ndim_min=0)
     return (
@@ -95,13 +95,13 @@ def bernoulli_kl(p: Tensor, q: Tensor) -> Tensor:
 
 
 def categorical_entropy(probs: Float[Tensor, "... V"]) -> Float[Tensor, ...]:
-    r"""Entropy :math:`-\sum_v \pi_v\log\pi_v` over the last axis (nats)."""
+    r"""Entropy $-\sum_v \pi_v\log\pi_v$ over the last axis (nats)."""
     _check_simplex("probs", probs)
     return -torch.special.xlogy(probs, probs).sum(-1)
 
 
 def policy_js_diversity(probs: Float[Tensor, "... P V"]) -> Float[Tensor, ...]:
-    r"""Policy JS diversity :math:`\frac1P\sum_i\mathrm{KL}(\pi_i\|\bar\pi_P)` of ``P`` member distributions.
+    r"""Policy JS diversity $\frac1P\sum_i\mathrm{KL}(\pi_i\|\bar\pi_P)$ of ``P`` member distributions.
 
     Computed as the mean KL to the mixture (non-negative term by term), in ``[0, log P]``.
 
@@ -111,7 +111,7 @@ def policy_js_diversity(probs: Float[Tensor, "... P V"]) -> Float[Tensor, ...]:
     Returns:
         ``[...]`` diversity in nats.
 
-    Example:
+    Examples:
         >>> round(float(policy_js_diversity(torch.tensor([[1., 0.], [0., 1.]]))), 6)  # log 2
         0.693147
     """
@@ -124,9 +124,9 @@ def policy_js_diversity(probs: Float[Tensor, "... P V"]) -> Float[Tensor, ...]:
 
 
 def success_js_diversity(success: Float[Tensor, "... P"]) -> Float[Tensor, ...]:
-    r"""Verifier-projected JS diversity :math:`h(\bar p) - \frac1P\sum_i h(p_i)` of member success probabilities.
+    r"""Verifier-projected JS diversity $h(\bar p) - \frac1P\sum_i h(p_i)$ of member success probabilities.
 
-    Example:
+    Examples:
         >>> round(float(success_js_diversity(torch.tensor([0., 1.]))), 6)
         0.693147
     """
@@ -135,9 +135,9 @@ def success_js_diversity(success: Float[Tensor, "... P"]) -> Float[Tensor, ...]:
 
 
 def population_pass(success: Float[Tensor, "... P"]) -> tuple[Tensor, Tensor]:
-    r"""Lemma 2: :math:`(P^{pop}, P^{same}) = (1-\prod_i(1-p_i),\ 1-(1-\bar p)^P)`, one response per member.
+    r"""Lemma 2: $(P^{pop}, P^{same}) = (1-\prod_i(1-p_i),\ 1-(1-\bar p)^P)$, one response per member.
 
-    Example:
+    Examples:
         >>> [round(float(t), 4) for t in population_pass(torch.tensor([0., 1.]))]
         [1.0, 0.75]
     """
@@ -148,12 +148,12 @@ def population_pass(success: Float[Tensor, "... P"]) -> tuple[Tensor, Tensor]:
 
 
 def population_pass_gap(success: Float[Tensor, "... P"]) -> Tensor:
-    r"""Lemma 2's gain :math:`P^{pop}-P^{same} = (1-\bar p)^P - \prod_i(1-p_i)`, computed without cancellation.
+    r"""Lemma 2's gain $P^{pop}-P^{same} = (1-\bar p)^P - \prod_i(1-p_i)$, computed without cancellation.
 
-    As :math:`-(1-\bar p)^P\,\mathrm{expm1}\big(\sum_i\mathrm{log1p}(-(p_i-\bar p)/(1-\bar p))\big)`, accurate
+    As $-(1-\bar p)^P\,\mathrm{expm1}\big(\sum_i\mathrm{log1p}(-(p_i-\bar p)/(1-\bar p))\big)$, accurate
     when the gain is far below float precision of the two pass rates (small perturbations, large P).
 
-    Example:
+    Examples:
         >>> round(float(population_pass_gap(torch.tensor([0., 1.]))), 4)
         0.25
     """
@@ -177,7 +177,7 @@ class PopulationCoverage:
 
 
 def population_coverage(success: Float[Tensor, "... X P"]) -> PopulationCoverage:
-    """Average :func:`success_js_diversity` and :func:`population_pass` over the prompt axis ``X``."""
+    """Average `success_js_diversity` and `population_pass` over the prompt axis ``X``."""
     _check_prob("success", success)
     if success.ndim < 2:
         raise ShapeError(f"success: expected shape [..., X, P], got {list(success.shape)}")
@@ -191,13 +191,13 @@ def population_coverage(success: Float[Tensor, "... X P"]) -> PopulationCoverage
 
 
 def softmax_fisher_trace(probs: Float[Tensor, "... V"]) -> Float[Tensor, ...]:
-    r"""Trace of the Fisher information of a softmax w.r.t. its logits: :math:`1 - \sum_v\pi_v^2`."""
+    r"""Trace of the Fisher information of a softmax w.r.t. its logits: $1 - \sum_v\pi_v^2$."""
     _check_simplex("probs", probs)
     return 1.0 - probs.square().sum(-1)
 
 
 def expected_policy_js(fisher_trace: Tensor, *, sigma: float, population: int) -> Tensor:
-    r"""Lemma 1: :math:`\mathbb E[\mathrm{JS}^{pol}_P] \approx \frac{\sigma^2}{2}(1-\frac1P)\mathrm{tr}\,\mathcal I_x`.
+    r"""Lemma 1: $\mathbb E[\mathrm{JS}^{pol}_P] \approx \frac{\sigma^2}{2}(1-\frac1P)\mathrm{tr}\,\mathcal I_x$.
 
     The trace must be taken in the coordinates that are perturbed (e.g. logits for a softmax bandit).
     """
@@ -208,7 +208,7 @@ def expected_policy_js(fisher_trace: Tensor, *, sigma: float, population: int) -
 
 
 def reward_weighted_success(weights: Float[Tensor, " P"], success: Float[Tensor, "... P"]) -> Tensor:
-    r"""Lemma 3: weighted-mixture success :math:`p_w = \sum_i w_i p_i = \bar p + P\,\mathrm{Cov}_i(w_i, p_i)`.
+    r"""Lemma 3: weighted-mixture success $p_w = \sum_i w_i p_i = \bar p + P\,\mathrm{Cov}_i(w_i, p_i)$.
 
     ``weights`` must lie on the simplex.
     """
@@ -220,12 +220,14 @@ def reward_weighted_success(weights: Float[Tensor, " P"], success: Float[Tensor,
 
 
 def pass_at_k_lower_bound(p_w: Tensor, p_plus: Tensor, *, k: int) -> Tensor:
-    r"""Proposition 1's lower bound on :math:`f_K(p_+)`, per prompt.
+    r"""Proposition 1's lower bound on $f_K(p_+)$, per prompt.
 
-    .. math:: f_K(p_+) \ge f_K(p_w) - K\sqrt{\mathrm{KL}(\mathrm{Bern}(p_w)\|\mathrm{Bern}(p_+))/2}
+    $$
+    f_K(p_+) \ge f_K(p_w) - K\sqrt{\mathrm{KL}(\mathrm{Bern}(p_w)\|\mathrm{Bern}(p_+))/2}
+    $$
 
 
-    :math:`f_K(p) = 1-(1-p)^K` is K-Lipschitz and Pinsker bounds :math:`|p_w-p_+|`.
+    $f_K(p) = 1-(1-p)^K$ is K-Lipschitz and Pinsker bounds $|p_w-p_+|$.
     """
     if k < 1:
         raise DomainError(f"k: expected >= 1, got {k}")
@@ -233,7 +235,7 @@ def pass_at_k_lower_bound(p_w: Tensor, p_plus: Tensor, *, k: int) -> Tensor:
 
 
 def exact_pass_at_k(p: Tensor, *, k: int) -> Tensor:
-    r"""Pass@k of a policy with success probability ``p``: :math:`1-(1-p)^k` (elementwise)."""
+    r"""Pass@k of a policy with success probability ``p``: $1-(1-p)^k$ (elementwise)."""
     _check_prob("p", p, ndim_min=0)
     if k < 1:
         raise DomainError(f"k: expected >= 1, got {k}")
@@ -241,7 +243,7 @@ def exact_pass_at_k(p: Tensor, *, k: int) -> Tensor:
 
 
 def zero_bin_fraction(p: Float[Tensor, "... X"], *, n: int) -> Tensor:
-    r"""Expected fraction of prompts with no correct answer among ``n`` samples: :math:`\mathrm{mean}_x(1-p(x))^n`."""
+    r"""Expected fraction of prompts with no correct answer among ``n`` samples: $\mathrm{mean}_x(1-p(x))^n$."""
     return 1.0 - exact_pass_at_k(p, k=n).mean(-1)
 
 
@@ -250,7 +252,7 @@ def regression_progression(
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""Expected regression and progression counts of a tuned policy vs a base (any-correct among ``n``).
 
-    :math:`\mathrm{reg} = \sum_x [1-(1-p_0)^n](1-p)^n`, :math:`\mathrm{prog} = \sum_x (1-p_0)^n[1-(1-p)^n]`.
+    $\mathrm{reg} = \sum_x [1-(1-p_0)^n](1-p)^n$, $\mathrm{prog} = \sum_x (1-p_0)^n[1-(1-p)^n]$.
     Returns ``(reg, prog, weights)`` with ``weights [..., X]`` the per-prompt regression probability.
     """
     if p_base.shape != getattr(p, "shape", None):
@@ -263,9 +265,9 @@ def regression_progression(
 def first_order_entropy_change(
     probs: Float[Tensor, "... V"], advantages: Float[Tensor, "... V"], *, eta: float
 ) -> Tensor:
-    r"""First-order entropy change :math:`\Delta H \approx -\eta\,\mathrm{Cov}_{a\sim\pi}(\log\pi_a, \pi_aA_a)`.
+    r"""First-order entropy change $\Delta H \approx -\eta\,\mathrm{Cov}_{a\sim\pi}(\log\pi_a, \pi_aA_a)$.
 
-    For the logit step :math:`\Delta z_a = \eta\pi_aA_a` of a tabular softmax (Cui et al. 2025, cited by Ba et
+    For the logit step $\Delta z_a = \eta\pi_aA_a$ of a tabular softmax (Cui et al. 2025, cited by Ba et
     al. 2026, §3.2).
     """
     _check_simplex("probs", probs)

@@ -1,11 +1,11 @@
 r"""RACE: the pilot-grid diagnostic that locates the allocation regime (Wilhelm & Kao 2026, Section 3.6).
 
-Given pilot runs inside an IsoFLOP band with update fractions :math:`p` and a response :math:`y`
-(native reward, normalised reward, pass@1, ...), fit candidate response models :math:`y(p)`
-(constant, linear, quadratic in :math:`p`; linear, quadratic in :math:`\log p`), compare them by
+Given pilot runs inside an IsoFLOP band with update fractions $p$ and a response $y$
+(native reward, normalised reward, pass@1, ...), fit candidate response models $y(p)$
+(constant, linear, quadratic in $p$; linear, quadratic in $\log p$), compare them by
 leave-one-out and leave-one-group-out (e.g. LoRA rank) RMSE, and call the regime ``high-update``
-when the quadratic's optimum is at :math:`p\ge p_{thr}`. *Reconstructed*: the fitting details and
-``p_thr = 0.6`` are the spec's recommendation, not confirmed from the paper. RACE is a diagnostic,
+when the quadratic's optimum is at $p\ge p_{thr}$. *Reconstructed*: the fitting details and
+``p_thr = 0.6`` are our recommendation, not confirmed from the paper. RACE is a diagnostic,
 not an optimiser.
 
 Reference: Wilhelm, Kao (2026), arXiv:2607.13389.
@@ -50,7 +50,7 @@ def _design(model: ResponseModel, p: Array) -> Array:
 
 @dataclass(frozen=True)
 class RaceFit:
-    """Result of :func:`race_fit`."""
+    """Result of `race_fit`."""
 
     best_model: ResponseModel
     """Lowest leave-one-out RMSE."""
@@ -74,10 +74,11 @@ def in_band(totals: ArrayLike, low: float, high: float) -> NDArray[np.bool_]:
 
 
 def min_max_normalise(y: ArrayLike) -> Array:
-    r"""Per reward system, :math:`\tilde r=(r-\min)/(\max-\min)` over the grid (all zeros if constant).
+    r"""Per reward system, $\tilde r=(r-\min)/(\max-\min)$ over the grid (all zeros if constant).
 
-    >>> min_max_normalise([1.0, 2.0, 3.0]).tolist()
-    [0.0, 0.5, 1.0]
+    Examples:
+        >>> min_max_normalise([1.0, 2.0, 3.0]).tolist()
+        [0.0, 0.5, 1.0]
     """
     a = np.asarray(y, dtype=np.float64)
     span = a.max() - a.min()
@@ -111,10 +112,11 @@ def race_fit(p: ArrayLike, y: ArrayLike, *, groups: ArrayLike | None = None, p_t
         groups: ``[R]`` labels for leave-one-group-out CV (e.g. LoRA rank).
         p_thr: regime threshold.
 
-    >>> pp = np.linspace(0.2, 0.9, 8)
-    >>> fit = race_fit(pp, 1.0 - (pp - 0.7) ** 2)
-    >>> round(fit.p_opt, 6), fit.regime
-    (0.7, 'high-update')
+    Examples:
+        >>> pp = np.linspace(0.2, 0.9, 8)
+        >>> fit = race_fit(pp, 1.0 - (pp - 0.7) ** 2)
+        >>> round(fit.p_opt, 6), fit.regime
+        (0.7, 'high-update')
     """
     pp = np.asarray(p, dtype=np.float64)
     yy = np.asarray(y, dtype=np.float64)

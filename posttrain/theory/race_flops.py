@@ -1,14 +1,15 @@
 r"""FLOP accounting of GRPO post-training split into search, learning and feedback (RACE, Wilhelm & Kao 2026).
 
-.. math::
-    C_{total}=C_{search}+C_{learning}+C_{reward},\qquad p=\frac{C_{learning}}{C_{total}},\ s=\frac{C_{search}}{C_{total}},\
-    f=\frac{C_{reward}}{C_{total}}.
+$$
+C_{total}=C_{search}+C_{learning}+C_{reward},\qquad p=\frac{C_{learning}}{C_{total}},\ s=\frac{C_{search}}{C_{total}},\
+f=\frac{C_{reward}}{C_{total}}.
+$$
 
 Per-token costs (1 multiply-add = 2 FLOPs; *reconstructed* from standard transformer accounting, the
-paper's exact constants are not available): forward :math:`2N+2N_{LoRA}`; training token, full
-fine-tuning :math:`6N`; LoRA on a frozen base :math:`4N+6N_{LoRA}`; gradient checkpointing adds a
-recomputed forward :math:`2N+2N_{LoRA}`. Optional attention terms: a token at context position
-:math:`\ell` adds :math:`4\,n_{layer}d_{model}\ell` forward FLOPs (three times that when trained).
+paper's exact constants are not available): forward $2N+2N_{LoRA}$; training token, full
+fine-tuning $6N$; LoRA on a frozen base $4N+6N_{LoRA}$; gradient checkpointing adds a
+recomputed forward $2N+2N_{LoRA}$. Optional attention terms: a token at context position
+$\ell$ adds $4\,n_{layer}d_{model}\ell$ forward FLOPs (three times that when trained).
 
 Per step (``G`` prompts, ``K`` rollouts each; token counts are the actual ones, after EOS):
 
@@ -19,7 +20,7 @@ Per step (``G`` prompts, ``K`` rollouts each; token counts are the actual ones, 
 - reward: 0 for a rule verifier; one reward-model forward over prompt + response (ORM / PRM in
   one pass); one forward per step prefix (PRM queried per step); a generative judge.
 
-Every function is pure and deterministic; totals of a run are sums of per-step :class:`FlopSplit`.
+Every function is pure and deterministic; totals of a run are sums of per-step `FlopSplit`.
 Reference: Wilhelm, Kao (2026), "Where Should RL Post-Training Compute Go?", arXiv:2607.13389.
 """
 
@@ -165,8 +166,9 @@ class FlopSplit:
 def forward_flops_per_token(policy: PolicyCost) -> float:
     """Forward FLOPs per processed token, ``2N + 2N_LoRA``.
 
-    >>> forward_flops_per_token(PolicyCost(1e9, n_lora=1e7, lora=True))
-    2020000000.0
+    Examples:
+        >>> forward_flops_per_token(PolicyCost(1e9, n_lora=1e7, lora=True))
+        2020000000.0
     """
     return 2.0 * policy.n_params + 2.0 * policy.n_lora
 
@@ -174,10 +176,11 @@ def forward_flops_per_token(policy: PolicyCost) -> float:
 def train_flops_per_token(policy: PolicyCost) -> float:
     """FLOPs of one trained token (forward + backward): ``6N`` full FT, ``4N + 6N_LoRA`` LoRA, + recompute.
 
-    >>> train_flops_per_token(PolicyCost(1e9))
-    6000000000.0
-    >>> train_flops_per_token(PolicyCost(1e9, n_lora=1e7, lora=True))
-    4060000000.0
+    Examples:
+        >>> train_flops_per_token(PolicyCost(1e9))
+        6000000000.0
+        >>> train_flops_per_token(PolicyCost(1e9, n_lora=1e7, lora=True))
+        4060000000.0
     """
     n, nl = policy.n_params, policy.n_lora
     cost = 4.0 * n + 6.0 * nl if policy.lora else 6.0 * n
@@ -187,7 +190,7 @@ def train_flops_per_token(policy: PolicyCost) -> float:
 
 
 def attention_sequence_flops(policy: PolicyCost, tokens: ArrayLike) -> Array:
-    r"""Attention FLOPs of a causal forward pass over ``T`` tokens: :math:`4n_{layer}d_{model}\,T(T+1)/2`."""
+    r"""Attention FLOPs of a causal forward pass over ``T`` tokens: $4n_{layer}d_{model}\,T(T+1)/2$."""
     t = np.asarray(tokens, dtype=np.float64)
     return 4.0 * policy.n_layer * policy.d_model * t * (t + 1.0) / 2.0
 
@@ -195,7 +198,7 @@ def attention_sequence_flops(policy: PolicyCost, tokens: ArrayLike) -> Array:
 def attention_generate_flops(policy: PolicyCost, prompt_tokens: ArrayLike, response_tokens: ArrayLike) -> Array:
     r"""Attention FLOPs of generating ``T_r`` tokens after a ``T_p``-token prompt with a KV cache.
 
-    :math:`4n_{layer}d_{model}\,(T_pT_r+T_r(T_r+1)/2)` (prefill not included).
+    $4n_{layer}d_{model}\,(T_pT_r+T_r(T_r+1)/2)$ (prefill not included).
     """
     tp = np.asarray(prompt_tokens, dtype=np.float64)
     tr = np.asarray(response_tokens, dtype=np.float64)
@@ -220,15 +223,16 @@ def search_flops(
     prefix_sharing: bool = True,
     count_attention: bool = False,
 ) -> float:
-    r""":math:`C_{search}=\sum_i[2N\,T_{p,i}\kappa+\sum_j 2N\,T_{r,ij}]`, :math:`\kappa=1` (shared prefix) or ``K``.
+    r"""$C_{search}=\sum_i[2N\,T_{p,i}\kappa+\sum_j 2N\,T_{r,ij}]$, $\kappa=1$ (shared prefix) or ``K``.
 
     Args:
         prompt_tokens: ``[G]`` prompt lengths. response_tokens: ``[G, K]`` generated lengths.
         policy: the policy's size. prefix_sharing: prompt prefilled once per prompt.
         count_attention: add the attention terms (needs ``n_layer``, ``d_model``).
 
-    >>> search_flops([100, 100], [[50] * 4] * 2, policy=PolicyCost(1e9))
-    1200000000000.0
+    Examples:
+        >>> search_flops([100, 100], [[50] * 4] * 2, policy=PolicyCost(1e9))
+        1200000000000.0
     """
     tp, tr = _tokens(prompt_tokens, response_tokens)
     k = tr.shape[1]
@@ -252,14 +256,15 @@ def learning_flops(
     ref_forward: bool = False,
     count_attention: bool = False,
 ) -> float:
-    r""":math:`C_{learning}=\sum_{(i,j)\in S}(T_{p,i}+T_{r,ij})\,[\mu\,c_{train}+2N\mathbb 1_{old}+2N\mathbb 1_{ref}]`.
+    r"""$C_{learning}=\sum_{(i,j)\in S}(T_{p,i}+T_{r,ij})\,[\mu\,c_{train}+2N\mathbb 1_{old}+2N\mathbb 1_{ref}]$.
 
     The old-policy and reference forwards run on the base weights (LoRA reference = adapters off);
     the old-policy forward uses the adapted model. ``trained``: ``[G, K]`` bool, which rollouts enter
-    the loss (default all). ``epochs`` = :math:`\mu`.
+    the loss (default all). ``epochs`` = $\mu$.
 
-    >>> learning_flops([100, 100], [[50] * 4] * 2, policy=PolicyCost(1e9))
-    7200000000000.0
+    Examples:
+        >>> learning_flops([100, 100], [[50] * 4] * 2, policy=PolicyCost(1e9))
+        7200000000000.0
     """
     tp, tr = _tokens(prompt_tokens, response_tokens)
     mask = np.ones(tr.shape, dtype=bool) if trained is None else np.asarray(trained)
@@ -280,11 +285,12 @@ def learning_flops(
 
 
 def reward_flops(prompt_tokens: ArrayLike, response_tokens: ArrayLike, *, reward: RewardCost) -> float:
-    r""":math:`C_{reward}`: 0 (rule), :math:`2N_{RM}(T_p+T_r)` (one pass), :math:`\sum_s 2N_{RM}\ell_s` (per step
-    prefix, :math:`\ell_s=T_p+\lceil sT_r/S\rceil`), :math:`2N_J(T_p+T_r+T_{out})` (judge) per rollout.
+    r"""$C_{reward}$: 0 (rule), $2N_{RM}(T_p+T_r)$ (one pass), $\sum_s 2N_{RM}\ell_s$ (per step
+    prefix, $\ell_s=T_p+\lceil sT_r/S\rceil$), $2N_J(T_p+T_r+T_{out})$ (judge) per rollout.
 
-    >>> reward_flops([100, 100], [[50] * 4] * 2, reward=RewardCost(RewardKind.MODEL, n_params=7e9))
-    16800000000000.0
+    Examples:
+        >>> reward_flops([100, 100], [[50] * 4] * 2, reward=RewardCost(RewardKind.MODEL, n_params=7e9))
+        16800000000000.0
     """
     tp, tr = _tokens(prompt_tokens, response_tokens)
     kind = RewardKind(reward.kind)
@@ -315,17 +321,18 @@ def flops_per_step(
     prefix_sharing: bool = True,
     count_attention: bool = False,
 ) -> FlopSplit:
-    """The :class:`FlopSplit` of one GRPO step from its logged token counts (what a trainer calls).
+    """The `FlopSplit` of one GRPO step from its logged token counts (what a trainer calls).
 
     Args:
         prompt_tokens: ``[G]``. response_tokens: ``[G, K]`` (actual, after EOS; discarded rollouts too).
         trained: ``[G, K]`` bool, rollouts entering the loss (after filtering / down-sampling).
         policy, reward: size facts (reward default: rule verifier). Remaining flags as in
-        :func:`search_flops` and :func:`learning_flops`.
+            `search_flops` and `learning_flops`.
 
-    >>> split = flops_per_step([100, 100], [[50] * 4] * 2, policy=PolicyCost(1e9))
-    >>> split.total, round(split.p, 6)
-    (8400000000000.0, 0.857143)
+    Examples:
+        >>> split = flops_per_step([100, 100], [[50] * 4] * 2, policy=PolicyCost(1e9))
+        >>> split.total, round(split.p, 6)
+        (8400000000000.0, 0.857143)
     """
     rc = RewardCost() if reward is None else reward
     return FlopSplit(

@@ -1,19 +1,20 @@
 r"""Strategy selection vs strategy improvement (Krishnamurthy, Huang, Rajaraman 2026, arXiv:2606.13125).
 
 Accuracy on a problem type is a routing-weighted average of strategy-conditional success,
-:math:`\mathrm{Acc} = \sum_s \pi_s R_s`. Between two checkpoints the change splits *exactly* into
+$\mathrm{Acc} = \sum_s \pi_s R_s$. Between two checkpoints the change splits *exactly* into
 
-.. math::
-    \Delta\mathrm{Acc} = \underbrace{\sum_s(\pi^1_s-\pi^0_s)\tfrac{R^0_s+R^1_s}2}_{\text{selection}}
-                       + \underbrace{\sum_s\tfrac{\pi^0_s+\pi^1_s}2(R^1_s-R^0_s)}_{\text{improvement}}
+$$
+\Delta\mathrm{Acc} = \underbrace{\sum_s(\pi^1_s-\pi^0_s)\tfrac{R^0_s+R^1_s}2}_{\text{selection}}
+                   + \underbrace{\sum_s\tfrac{\pi^0_s+\pi^1_s}2(R^1_s-R^0_s)}_{\text{improvement}}
+$$
 
 (the symmetric, Shapley-style split of a product's change; *our diagnostic, not from the paper*,
-spec 19 §3.3). :func:`strategy_table` measures :math:`\pi` and :math:`R` from rollouts labelled by
-type and strategy; :func:`decompose_rollouts` compares two checkpoints' rollouts.
+docs: methods/select_improve.md). `strategy_table` measures $\pi$ and $R$ from rollouts labelled by
+type and strategy; `decompose_rollouts` compares two checkpoints' rollouts.
 
 A strategy never used at one checkpoint has no measured success there: it takes the other
 checkpoint's success (or 0 if unused in both), which keeps the identity exact because its
-:math:`\pi_s R_s` term is zero.
+$\pi_s R_s$ term is zero.
 """
 
 from __future__ import annotations
@@ -55,16 +56,16 @@ def decompose(
     routing1: Float[Tensor, "... S"],
     success1: Float[Tensor, "... S"],
 ) -> Decomposition:
-    r"""Exact selection/improvement split of :math:`\sum_s\pi^1_sR^1_s - \sum_s\pi^0_sR^0_s`.
+    r"""Exact selection/improvement split of $\sum_s\pi^1_sR^1_s - \sum_s\pi^0_sR^0_s$.
 
     Args:
         routing0, routing1: ``[..., S]`` strategy distributions before/after (last axis strategies).
         success0, success1: ``[..., S]`` strategy-conditional success before/after.
 
     Returns:
-        :class:`Decomposition` with fields of shape ``[...]``.
+        `Decomposition` with fields of shape ``[...]``.
 
-    Example:
+    Examples:
         >>> pi0, pi1, r = torch.tensor([.5, .5]), torch.tensor([1., 0.]), torch.tensor([1., 0.])
         >>> d = decompose(pi0, r, pi1, r)
         >>> float(d.selection), float(d.improvement), float(d.total)
@@ -93,7 +94,7 @@ def strategy_table(
     n_types: int,
     n_strategies: int,
 ) -> StrategyTable:
-    r"""Routing :math:`\pi(s\mid\tau)` and strategy-conditional success :math:`R(s,\tau)` from labelled rollouts.
+    r"""Routing $\pi(s\mid\tau)$ and strategy-conditional success $R(s,\tau)$ from labelled rollouts.
 
     Args:
         types: ``[B]`` problem type of each rollout in ``[0, n_types)``.
@@ -101,10 +102,10 @@ def strategy_table(
         correct: ``[B]`` boolean verifier outcome.
 
     Returns:
-        :class:`StrategyTable`; an unused cell has success 0 and ``used`` False. A type with no
+        `StrategyTable`; an unused cell has success 0 and ``used`` False. A type with no
         rollouts raises (its routing is undefined).
 
-    Example:
+    Examples:
         >>> t = strategy_table(torch.tensor([0, 0, 0, 1]), torch.tensor([0, 0, 1, 1]),
         ...                    torch.tensor([True, False, True, True]), n_types=2, n_strategies=2)
         >>> t.routing.tolist(), t.success.tolist()  # doctest: +ELLIPSIS
@@ -136,7 +137,7 @@ def strategy_table(
 
 
 def decompose_rollouts(before: StrategyTable, after: StrategyTable) -> Decomposition:
-    """Per-type :func:`decompose` of two checkpoints' :class:`StrategyTable` (unused cells borrow the other side)."""
+    """Per-type `decompose` of two checkpoints' `StrategyTable` (unused cells borrow the other side)."""
     if before.routing.shape != after.routing.shape:
         raise ShapeError(
             f"after: expected tables of shape {list(before.routing.shape)}, got {list(after.routing.shape)}"
@@ -149,9 +150,9 @@ def decompose_rollouts(before: StrategyTable, after: StrategyTable) -> Decomposi
 def forward_share(
     type_weights: Float[Tensor, " types"], routing: Float[Tensor, "types S"], *, strategy: int = 0
 ) -> Tensor:
-    r"""Share of responses using ``strategy`` under a type mix :math:`w`: :math:`f = \sum_\tau w_\tau\pi(s\mid\tau)`.
+    r"""Share of responses using ``strategy`` under a type mix $w$: $f = \sum_\tau w_\tau\pi(s\mid\tau)$.
 
-    Example:
+    Examples:
         >>> float(forward_share(torch.tensor([.75, .25]), torch.tensor([[1., 0.], [0., 1.]])))
         0.75
     """

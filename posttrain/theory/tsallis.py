@@ -1,22 +1,24 @@
-r"""The Tsallis loss continuum :math:`J_Q`: q-logarithm, gradient identity, escort minimiser,
+r"""The Tsallis loss continuum $J_Q$: q-logarithm, gradient identity, escort minimiser,
 cold-start escape times, and the bias of the Monte-Carlo amplification factor.
 
-.. math:: \ln_q(u) = \frac{u^{1-q}-1}{1-q},\qquad \ell_q(P) = -\ln_q P,\qquad
+$$
+\ln_q(u) = \frac{u^{1-q}-1}{1-q},\qquad \ell_q(P) = -\ln_q P,\qquad
           \nabla_\theta \ell_q = P^{-q}\,\nabla_\theta(1-P) = P^{1-q}\,\nabla_\theta(-\log P)
+$$
 
-(:math:`q=0`: RLVR, :math:`\ell_0 = 1-P`; :math:`q=1`: marginal NLL, :math:`\ell_1 = -\log P`).
+($q=0$: RLVR, $\ell_0 = 1-P$; $q=1$: marginal NLL, $\ell_1 = -\log P$).
 
-Escape times (*reconstructed* gradient-flow model of the spec, §3.4): gradient flow on
-:math:`\ell_q` gives :math:`\dot P = P^{2-q} s(\theta)` with :math:`s = \|\nabla\log P\|^2`;
-:math:`T_q(p_0)` is the time to reach :math:`P = p_{esc}`. Model ``"sigmoid"`` (M1, one logit,
-:math:`s=(1-P)^2`) has closed forms at :math:`q\in\{0,1\}` and quadrature otherwise; model
+Escape times (*reconstructed* gradient-flow model of the paper, §3.4): gradient flow on
+$\ell_q$ gives $\dot P = P^{2-q} s(\theta)$ with $s = \|\nabla\log P\|^2$;
+$T_q(p_0)$ is the time to reach $P = p_{esc}$. Model ``"sigmoid"`` (M1, one logit,
+$s=(1-P)^2$) has closed forms at $q\in\{0,1\}$ and quadrature otherwise; model
 ``"softmax"`` (M2, K arms, one rewarded, symmetric wrong arms) is integrated as an ODE in the
-logit gap and equals :math:`\frac{K-1}{K}T^{M1}_q` (a test checks this).
+logit gap and equals $\frac{K-1}{K}T^{M1}_q$ (a test checks this).
 
-Bias (binary rewards, :math:`k\sim\mathrm{Bin}(M,P)`, :math:`\bar w=k/M`; exact binomial sums
+Bias (binary rewards, $k\sim\mathrm{Bin}(M,P)$, $\bar w=k/M$; exact binomial sums
 next to their delta-method limits): the amplification factor
-:math:`E[\bar w^{-q}\mid k>0]-P^{-q}\approx\frac{q(q+1)(1-P)}{2MP^{q+1}}` and the gradient scale
-:math:`M(P^{1-q}-E[\bar w^{1-q}])\to\frac{q(1-q)(1-P)}{2P^q}`.
+$E[\bar w^{-q}\mid k>0]-P^{-q}\approx\frac{q(q+1)(1-P)}{2MP^{q+1}}$ and the gradient scale
+$M(P^{1-q}-E[\bar w^{1-q}])\to\frac{q(1-q)(1-P)}{2P^q}$.
 
 Symbolic twins (sympy) of the closed forms live beside the numeric functions; tests check they agree.
 
@@ -72,11 +74,11 @@ def _check_q(q: float) -> float:
 
 
 def ln_q(u: ArrayOrTensor, q: float) -> ArrayOrTensor:
-    r"""Tsallis q-logarithm :math:`\ln_q(u) = \mathrm{expm1}((1-q)\log u)/(1-q)`, :math:`\ln_1 = \log`.
+    r"""Tsallis q-logarithm $\ln_q(u) = \mathrm{expm1}((1-q)\log u)/(1-q)$, $\ln_1 = \log$.
 
-    Works on floats, numpy arrays and torch tensors (differentiable); stable as :math:`q \to 1`.
+    Works on floats, numpy arrays and torch tensors (differentiable); stable as $q \to 1$.
 
-    Example:
+    Examples:
         >>> ln_q(1.0, 0.3), round(float(ln_q(0.25, 0.0)), 6), round(float(ln_q(0.25, 1.0)), 6)
         (0.0, -0.75, -1.386294)
     """
@@ -90,19 +92,19 @@ def ln_q(u: ArrayOrTensor, q: float) -> ArrayOrTensor:
 
 
 def ell_q(p: ArrayOrTensor, q: float) -> ArrayOrTensor:
-    r"""The loss :math:`\ell_q(P) = -\ln_q(P) = (1 - P^{1-q})/(1-q)`; :math:`\ell_0 = 1-P`, :math:`\ell_1 = -\log P`."""
+    r"""The loss $\ell_q(P) = -\ln_q(P) = (1 - P^{1-q})/(1-q)$; $\ell_0 = 1-P$, $\ell_1 = -\log P$."""
     return -ln_q(p, q)
 
 
 def ell_q_gradient(p: ArrayOrTensor, grad_p: ArrayOrTensor, q: float) -> ArrayOrTensor:
-    r"""The gradient identity (Prop. 4.1): :math:`\nabla\ell_q = -P^{-q}\nabla P = P^{-q}\nabla\ell_0 = P^{1-q}\nabla\ell_1`.
+    r"""The gradient identity (Prop. 4.1): $\nabla\ell_q = -P^{-q}\nabla P = P^{-q}\nabla\ell_0 = P^{1-q}\nabla\ell_1$.
 
     Args:
-        p: success probability :math:`P` (broadcast against ``grad_p``'s leading axes).
-        grad_p: :math:`\nabla_\theta P`, parameters in the last axis.
+        p: success probability $P$ (broadcast against ``grad_p``'s leading axes).
+        grad_p: $\nabla_\theta P$, parameters in the last axis.
         q: loss parameter in [0, 1].
 
-    Example:
+    Examples:
         >>> float(ell_q_gradient(0.25, 1.0, 1.0))  # d(-log P)/dP at P = 1/4
         -4.0
     """
@@ -113,11 +115,11 @@ def ell_q_gradient(p: ArrayOrTensor, grad_p: ArrayOrTensor, q: float) -> ArrayOr
 
 
 def escort_minimiser(alpha: np.ndarray, q: float) -> np.ndarray:
-    r"""Minimiser of :math:`\sum_y \alpha_y \ell_q(\pi_y)` over the simplex: :math:`\pi^*\propto\alpha^{1/q}`.
+    r"""Minimiser of $\sum_y \alpha_y \ell_q(\pi_y)$ over the simplex: $\pi^*\propto\alpha^{1/q}$.
 
     Computed in log space; ``q = 0`` returns the limit (uniform over the argmax set of ``alpha``).
 
-    Example:
+    Examples:
         >>> [round(float(x), 4) for x in escort_minimiser(np.array([0.6, 0.3, 0.1]), 0.5)]
         [0.7826, 0.1957, 0.0217]
     """
@@ -136,9 +138,9 @@ def escort_minimiser(alpha: np.ndarray, q: float) -> np.ndarray:
 
 
 def fit_noisy_label_policy(alpha: np.ndarray, q: float, *, gtol: float = 1e-12) -> np.ndarray:
-    r"""Numerical minimiser (BFGS on softmax logits) of :math:`E_{y\sim\alpha}[\ell_q(\mathrm{softmax}(\theta)_y)]`.
+    r"""Numerical minimiser (BFGS on softmax logits) of $E_{y\sim\alpha}[\ell_q(\mathrm{softmax}(\theta)_y)]$.
 
-    Gradient: :math:`\nabla_\theta = -\sum_y \alpha_y \pi_y^{1-q}(e_y - \pi)`. Starts at uniform logits.
+    Gradient: $\nabla_\theta = -\sum_y \alpha_y \pi_y^{1-q}(e_y - \pi)$. Starts at uniform logits.
 
     Raises:
         ConvergenceError: BFGS failed for a reason other than precision loss at the optimum.
@@ -164,7 +166,7 @@ def fit_noisy_label_policy(alpha: np.ndarray, q: float, *, gtol: float = 1e-12) 
 
 
 def escape_integral(p0: float, q: float, *, p_esc: float = 0.5) -> float:
-    r""":math:`I_q(p_0)=\int_{p_0}^{p_{esc}} P^{q-2}\,dP`, the escape time up to the score-norm bounds."""
+    r"""$I_q(p_0)=\int_{p_0}^{p_{esc}} P^{q-2}\,dP$, the escape time up to the score-norm bounds."""
     q = _check_q(q)
     if q == 1.0:
         return math.log(p_esc / p0)
@@ -172,12 +174,14 @@ def escape_integral(p0: float, q: float, *, p_esc: float = 0.5) -> float:
 
 
 def escape_time_closed_form(p0: float, q: float, *, p_esc: float = 0.5) -> float:
-    r"""Closed-form M1 escape time for ``q`` in {0, 1} (partial fractions of :math:`P^{q-2}(1-P)^{-2}`).
+    r"""Closed-form M1 escape time for ``q`` in {0, 1} (partial fractions of $P^{q-2}(1-P)^{-2}$).
 
-    .. math:: T_0 = \Big[-\tfrac1P + 2\log\tfrac{P}{1-P} + \tfrac1{1-P}\Big]_{p_0}^{p_{esc}},\qquad
-              T_1 = \Big[\log\tfrac{P}{1-P} + \tfrac1{1-P}\Big]_{p_0}^{p_{esc}}
+    $$
+    T_0 = \Big[-\tfrac1P + 2\log\tfrac{P}{1-P} + \tfrac1{1-P}\Big]_{p_0}^{p_{esc}},\qquad
+                  T_1 = \Big[\log\tfrac{P}{1-P} + \tfrac1{1-P}\Big]_{p_0}^{p_{esc}}
+    $$
 
-    Example:
+    Examples:
         >>> round(escape_time_closed_form(0.01, 0.0), 6)  # 1/p0 - 1/(1-p0) + 2 log((1-p0)/p0)
         108.180139
     """
@@ -239,12 +243,12 @@ def escape_time(
     K: int | None = None,
     p_esc: float = 0.5,
 ) -> float:
-    r"""Gradient-flow escape time :math:`T_q(p_0)=\inf\{t: P(t)\ge p_{esc}\}` in model M1 or M2.
+    r"""Gradient-flow escape time $T_q(p_0)=\inf\{t: P(t)\ge p_{esc}\}$ in model M1 or M2.
 
     Args:
         p0: initial success probability in ``(0, p_esc)``.
         q: the loss parameter in ``[0, 1]``.
-        model: ``"sigmoid"`` (M1: :math:`\dot P = P^{2-q}(1-P)^2`, closed form at q in {0, 1},
+        model: ``"sigmoid"`` (M1: $\dot P = P^{2-q}(1-P)^2$, closed form at q in {0, 1},
             quadrature otherwise) or ``"softmax"`` (M2: K arms, one rewarded; ODE with a terminal event).
         K: number of arms (``"softmax"`` only, ``K >= 2``).
         p_esc: escape threshold in ``(p0, 1)``.
@@ -252,7 +256,7 @@ def escape_time(
     Returns:
         The escape time (gradient-flow time units).
 
-    Example:
+    Examples:
         >>> round(escape_time(0.01, 1.0), 6) == round(escape_time_closed_form(0.01, 1.0), 6)
         True
     """
@@ -271,7 +275,7 @@ def escape_time(
 
 
 def discrete_escape_steps(p0: float, q: float, *, eta: float, p_esc: float = 0.5, max_steps: int = 10_000_000) -> int:
-    r"""Steps of gradient descent :math:`\theta \leftarrow \theta + \eta P^{-q}P(1-P)` on M1 until :math:`P\ge p_{esc}`."""
+    r"""Steps of gradient descent $\theta \leftarrow \theta + \eta P^{-q}P(1-P)$ on M1 until $P\ge p_{esc}$."""
     q = _check_q(q)
     theta = math.log(p0 / (1.0 - p0))
     p = p0
@@ -307,7 +311,7 @@ def _binomial(p: float, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def amplification_bias(p: float, q: float, m: int) -> float:
-    r"""Exact :math:`E[\bar w^{-q}\mid k>0] - P^{-q}` for :math:`k\sim\mathrm{Bin}(M,P)`, :math:`\bar w = k/M`."""
+    r"""Exact $E[\bar w^{-q}\mid k>0] - P^{-q}$ for $k\sim\mathrm{Bin}(M,P)$, $\bar w = k/M$."""
     q = _check_q(q)
     w, pmf = _binomial(p, m)
     pos = w > 0
@@ -316,14 +320,14 @@ def amplification_bias(p: float, q: float, m: int) -> float:
 
 
 def amplification_bias_limit(p: float, q: float, m: int) -> float:
-    r"""Delta-method limit :math:`q(q+1)(1-P)/(2MP^{q+1})` of :func:`amplification_bias` (valid for :math:`MP\gg1`)."""
+    r"""Delta-method limit $q(q+1)(1-P)/(2MP^{q+1})$ of `amplification_bias` (valid for $MP\gg1$)."""
     return q * (q + 1.0) * (1.0 - p) / (2.0 * m * p ** (q + 1.0))
 
 
 def gradient_scale_deficit(p: float, q: float, m: int) -> float:
-    r"""Exact :math:`M(P^{1-q} - E[\bar w^{1-q}])`: the bias of the b=0 bandit gradient :math:`\bar w^{1-q}(e_c-\pi)`, times M.
+    r"""Exact $M(P^{1-q} - E[\bar w^{1-q}])$: the bias of the b=0 bandit gradient $\bar w^{1-q}(e_c-\pi)$, times M.
 
-    For :math:`q<1` the event :math:`k=0` contributes :math:`0^{1-q}=0`; non-negative by Jensen.
+    For $q<1$ the event $k=0$ contributes $0^{1-q}=0$; non-negative by Jensen.
     """
     q = _check_q(q)
     w, pmf = _binomial(p, m)
@@ -331,7 +335,7 @@ def gradient_scale_deficit(p: float, q: float, m: int) -> float:
 
 
 def gradient_scale_deficit_limit(p: float, q: float) -> float:
-    r"""Limit :math:`q(1-q)(1-P)/(2P^q)` of :func:`gradient_scale_deficit` as :math:`M\to\infty`."""
+    r"""Limit $q(1-q)(1-P)/(2P^q)$ of `gradient_scale_deficit` as $M\to\infty$."""
     return q * (1.0 - q) * (1.0 - p) / (2.0 * p**q)
 
 
@@ -351,7 +355,7 @@ def symbolic_ln_q() -> tuple[sp.Symbol, sp.Symbol, sp.Expr]:
 
 
 def symbolic_escape_time(q: int) -> tuple[sp.Symbol, sp.Symbol, sp.Expr]:
-    r"""``(p0, p_esc, T_q)``: the M1 escape time :math:`\int_{p_0}^{p_{esc}} P^{q-2}(1-P)^{-2}dP` by sympy (q in {0, 1})."""
+    r"""``(p0, p_esc, T_q)``: the M1 escape time $\int_{p_0}^{p_{esc}} P^{q-2}(1-P)^{-2}dP$ by sympy (q in {0, 1})."""
     if q not in (0, 1):
         raise DomainError(f"q: symbolic escape time for q in {{0, 1}}, got {q!r}")
     p, p0, pe = sp.symbols("P p0 p_esc", positive=True)
@@ -363,7 +367,7 @@ def symbolic_escape_time(q: int) -> tuple[sp.Symbol, sp.Symbol, sp.Expr]:
 
 
 def symbolic_delta_method_bias(exponent: sp.Expr | float) -> tuple[sp.Symbol, sp.Symbol, sp.Expr]:
-    r"""``(P, M, b)`` with :math:`b = \frac12 f''(P)\,\frac{P(1-P)}{M}` for :math:`f(w) = w^{e}`: the delta-method bias of :math:`E[f(\bar w)]`.
+    r"""``(P, M, b)`` with $b = \frac12 f''(P)\,\frac{P(1-P)}{M}$ for $f(w) = w^{e}$: the delta-method bias of $E[f(\bar w)]$.
 
     ``exponent = -q`` gives the amplification bias, ``1 - q`` minus the gradient-scale deficit / M.
     """

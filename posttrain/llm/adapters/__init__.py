@@ -1,12 +1,12 @@
 """Adapters that run our estimators inside verl and TRL, for multi-GPU scale.
 
-- :mod:`posttrain.llm.adapters.verl`: registers advantage estimators and policy losses in verl's
+- `posttrain.llm.adapters.verl`: registers advantage estimators and policy losses in verl's
   registries under ``posttrain_*`` names (a ``verl.plugins`` entry point; importing it is the plugin).
-- :mod:`posttrain.llm.adapters.trl`: ``PosttrainGRPOTrainer``, TRL's ``GRPOTrainer`` with one of our
+- `posttrain.llm.adapters.trl`: ``PosttrainGRPOTrainer``, TRL's ``GRPOTrainer`` with one of our
   advantages and policy losses and our aggregation.
-- :mod:`posttrain.llm.adapters.rewards`: reward functions over our verifiers and tasks, in verl's
+- `posttrain.llm.adapters.rewards`: reward functions over our verifiers and tasks, in verl's
   ``compute_score`` and TRL's ``reward_funcs`` signatures (no verl or TRL import).
-- :mod:`posttrain.llm.adapters.convert`: the plain conversions between their argument conventions and ours.
+- `posttrain.llm.adapters.convert`: the plain conversions between their argument conventions and ours.
 
 Nothing here imports verl or TRL at package import; see ``docs/adapters.md``.
 """

@@ -2,13 +2,13 @@ r"""Plain conversions between verl's / TRL's argument conventions and ours (no v
 
 - verl hands an advantage estimator flat rows: ``token_level_rewards [B, T]`` (the outcome score on the
   last valid token), ``response_mask [B, T]`` (0/1, any dtype) and ``index [B]`` (prompt uids, a numpy
-  object array): :func:`group_ids_from_index`, :func:`outcome_scores` and :func:`grouped_token_advantages`
+  object array): `group_ids_from_index`, `outcome_scores` and `grouped_token_advantages`
   turn them into our ``[G, K]`` groups and the result back into ``[B, T]`` rows in verl's order.
 - verl reduces a loss matrix with a ``loss_agg_mode`` string and the global batch facts of its
   data-parallel step (``dp_size``, ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``):
-  :func:`global_aggregate` is our :func:`~posttrain.estimators.aggregate` with those global normalisers.
-- Hyperparameters come from verl's config nodes (dataclasses or ``DictConfig``): :func:`config_value`
-  reads one key from either, :func:`clip_options` the PPO clip settings.
+  `global_aggregate` is our `aggregate` with those global normalisers.
+- Hyperparameters come from verl's config nodes (dataclasses or ``DictConfig``): `config_value`
+  reads one key from either, `clip_options` the PPO clip settings.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
 def config_value(config: Any, key: str, default: Any) -> Any:
     """``config.key`` for a dataclass/attribute config, ``config[key]`` for a mapping; ``default`` if absent or None.
 
-    Example:
+    Examples:
         >>> config_value({"gamma": 0.9}, "gamma", 1.0), config_value(None, "gamma", 1.0)
         (0.9, 1.0)
     """
@@ -75,7 +75,7 @@ def clip_options(config: Any, *, dual_clip: bool = True) -> ClipOptions:
     """verl's actor clip keys as our options: ``clip_ratio_low``/``_high`` (default ``clip_ratio``, 0.2) and
     ``clip_ratio_c`` (default 3.0; verl's ``vanilla`` always applies the dual clip) when ``dual_clip``.
 
-    Example:
+    Examples:
         >>> clip_options({"clip_ratio": 0.2, "clip_ratio_high": 0.28})
         ClipOptions(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
     """
@@ -90,7 +90,7 @@ def clip_options(config: Any, *, dual_clip: bool = True) -> ClipOptions:
 def response_bool_mask(response_mask: Tensor) -> Bool[Tensor, "B T"]:
     """verl's 0/1 ``response_mask`` (int, float or bool) as our boolean mask (non-zero = valid).
 
-    Example:
+    Examples:
         >>> response_bool_mask(torch.tensor([[1.0, 0.0]])).tolist()
         [[True, False]]
     """
@@ -113,7 +113,7 @@ def group_ids_from_index(
     Raises:
         ShapeError: ``index`` is not one-dimensional or is empty.
 
-    Example:
+    Examples:
         >>> group_ids_from_index(np.array(["b", "a", "b", "a"], dtype=object)).tolist()
         [0, 1, 0, 1]
     """
@@ -133,11 +133,11 @@ def group_ids_from_index(
 
 
 def outcome_scores(token_level_rewards: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
-    r"""Sequence scores :math:`R_i = \sum_t m_{it} r_{it}` from verl's token-level rewards.
+    r"""Sequence scores $R_i = \sum_t m_{it} r_{it}$ from verl's token-level rewards.
 
     verl's built-ins sum every position (rewards off the mask are zero there, so the two agree).
 
-    Example:
+    Examples:
         >>> outcome_scores(torch.tensor([[0.0, 1.0], [0.5, 9.0]]), torch.tensor([[True, True], [True, False]])).tolist()
         [1.0, 0.5]
     """
@@ -154,12 +154,14 @@ def grouped_token_advantages(
 ) -> Float[Tensor, "B T"]:
     r"""Apply a ``[G, K] -> [G, K]`` advantage to flat scores grouped by id, and spread it over the response tokens.
 
-    .. math:: A_{it} = m_{it}\, f\big(R_{\text{group}(i), \cdot}\big)_{\text{rank}(i)}
+    $$
+    A_{it} = m_{it}\, f\big(R_{\text{group}(i), \cdot}\big)_{\text{rank}(i)}
+    $$
 
     Rows keep their order (the result is in the caller's row order, whatever the grouping).
 
     Args:
-        advantage: a grouped advantage such as :func:`~posttrain.estimators.group_normalized_advantages`.
+        advantage: a grouped advantage such as `group_normalized_advantages`.
         scores: ``[B]`` sequence rewards. group_ids: ``[B]`` integer ids, groups of equal size.
         mask: ``[B, T]`` boolean response mask.
 
@@ -169,7 +171,7 @@ def grouped_token_advantages(
     Raises:
         ShapeError: mismatched lengths or groups of unequal size.
 
-    Example:
+    Examples:
         >>> from posttrain.estimators import drgrpo_advantages
         >>> m = torch.ones(4, 2, dtype=torch.bool)
         >>> grouped_token_advantages(drgrpo_advantages, torch.tensor([1., 3., 0., 5.]), torch.tensor([0, 1, 0, 1]), m)[:, 0].tolist()

@@ -2,16 +2,16 @@
 
 Neither verl nor TRL is imported here. Both call rewards from threads (verl runs a synchronous
 ``compute_score`` in an executor; TRL may too), where Math-Verify's own ``SIGALRM`` timeouts fail: the
-``math`` verifier is our :class:`~posttrain.llm.rollout.verifiers.MathVerifier` (worker processes, our
-deadline), built and warmed once per process by :func:`scorer` and safe from any thread.
+``math`` verifier is our `MathVerifier` (worker processes, our
+deadline), built and warmed once per process by `scorer` and safe from any thread.
 
 - verl: ``reward.custom_reward_function.path=<this file>`` (``python -c "import posttrain.llm.adapters.rewards
-  as m; print(m.__file__)"``), ``.name=compute_score``. :func:`compute_score` scores ``data_source
+  as m; print(m.__file__)"``), ``.name=compute_score``. `compute_score` scores ``data_source
   "posttrain/<task>"`` rows with the task (``extra_info`` carries ``prompt`` and ``data``, see
-  :func:`verl_rows`) and any other row with the verifier named by ``extra_info["verifier"]``, else by
+  `verl_rows`) and any other row with the verifier named by ``extra_info["verifier"]``, else by
   ``data_source`` when it names one (``exact``, ``numeric``, ``math``), else ``math``.
 - TRL: ``reward_funcs=[task_reward("countdown")]`` or ``[verifier_reward("math")]`` over a dataset with
-  ``prompt`` and ``answer`` columns (and ``data`` for tasks, see :func:`trl_rows`).
+  ``prompt`` and ``answer`` columns (and ``data`` for tasks, see `trl_rows`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ _SCORERS: dict[tuple[str, tuple[tuple[str, Any], ...]], Callable[[str, str], flo
 def scorer(name: str, **options: Any) -> Callable[[str, str], float]:
     """The verifier registered as ``name`` with ``options``, built once per process (Math-Verify warmed up).
 
-    Example:
+    Examples:
         >>> scorer("numeric")("so 4.0", "4")
         1.0
     """
@@ -82,7 +82,7 @@ def _task(name: str, options: Sequence[tuple[str, Any]] = ()) -> Task:
 def text_of(item: Any) -> str:
     """A completion or prompt as text: a string as is, a chat message list as its last message's content.
 
-    Example:
+    Examples:
         >>> text_of("12"), text_of([{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}])
         ('12', '2')
     """
@@ -101,13 +101,13 @@ def compute_score(
     """verl's custom reward function: a reward in ``[0, 1]`` for one response, within the verifier's deadline.
 
     Args:
-        data_source: ``"posttrain/<task>"`` (a task of :mod:`posttrain.llm.rollout.tasks`), a verifier name, or
-            anything else (scored by :data:`DEFAULT_VERIFIER`).
+        data_source: ``"posttrain/<task>"`` (a task of `posttrain.llm.rollout.tasks`), a verifier name, or
+            anything else (scored by `DEFAULT_VERIFIER`).
         solution_str: the decoded response.
         ground_truth: the gold answer (``reward_model.ground_truth``).
         extra_info: ``prompt`` and ``data`` (task rows), ``verifier`` (overrides the choice), ``task_options``.
 
-    Example:
+    Examples:
         >>> compute_score("posttrain/countdown", "3*5+7", "3*5+7", {"prompt": "3,5,7>22:", "data": [3, 5, 7]})
         1.0
         >>> compute_score("numeric", "the answer is 0.5", "1/2"), compute_score("exact", " 42", "42")
@@ -133,7 +133,7 @@ def compute_score(
 def task_reward(name: str, **options: Any) -> RewardFn:
     """TRL reward function scoring completions with the task ``name`` (columns ``answer`` and ``data``).
 
-    Example:
+    Examples:
         >>> r = task_reward("multiple")
         >>> r(prompts=["m7<50:", "m7<50:"], completions=["14", "15"], answer=["7", "7"], data=[[7, 50], [7, 50]])
         [1.0, 0.0]
@@ -156,7 +156,7 @@ def task_reward(name: str, **options: Any) -> RewardFn:
 def verifier_reward(name: str = DEFAULT_VERIFIER, **options: Any) -> RewardFn:
     """TRL reward function scoring completions against the ``answer`` column with the verifier ``name``.
 
-    Example:
+    Examples:
         >>> verifier_reward("numeric")(prompts=["q", "q"], completions=["x = 3", "4"], answer=["3", "3"])
         [1.0, 0.0]
     """
@@ -172,7 +172,7 @@ def verifier_reward(name: str = DEFAULT_VERIFIER, **options: Any) -> RewardFn:
 def trl_rows(name: str, n: int, *, seed: int = 0, **options: Any) -> list[dict[str, Any]]:
     """``n`` problems of task ``name`` as TRL dataset rows ``{"prompt", "answer", "data"}``.
 
-    Example:
+    Examples:
         >>> trl_rows("addition", 1, seed=0, digits=1)[0].keys()
         dict_keys(['prompt', 'answer', 'data'])
     """
@@ -184,7 +184,7 @@ def verl_rows(name: str, n: int, *, seed: int = 0, **options: Any) -> list[dict[
     """``n`` problems of task ``name`` as verl dataset rows (write them to parquet for ``data.train_files``).
 
     Each row has ``data_source = "posttrain/<name>"``, a chat ``prompt``, ``reward_model.ground_truth``
-    and ``extra_info`` with the raw prompt, task data and options, which :func:`compute_score` reads.
+    and ``extra_info`` with the raw prompt, task data and options, which `compute_score` reads.
     """
     return [
         {

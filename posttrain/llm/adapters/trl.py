@@ -9,20 +9,20 @@ does not import TRL. The fields:
 
 - ``advantage``: a name of our advantage registry whose only input is grouped rewards ``[G, K]``
   (``grpo``, ``drgrpo``, ``rloo``; register your own with
-  :func:`~posttrain.estimators.register_advantage`); ``advantage_options`` are bound keywords
+  `register_advantage`); ``advantage_options`` are bound keywords
   (a dict, or a JSON string on the command line);
 - ``policy_loss``: a name of our policy-loss registry with the signature
   ``(logp, logp_old, advantages, mask, **options)`` (``ppo_clip``, ``gspo``, ``truncated_is``,
   ``no_is_correction``, ...); ``loss_options`` are bound keywords (e.g.
   ``{"clip_high": 0.28, "dual_clip": 3.0}``);
-- ``aggregation``: an :class:`~posttrain.estimators.AggregationMode` (``seq-mean-token-sum-norm`` uses
+- ``aggregation``: an `AggregationMode` (``seq-mean-token-sum-norm`` uses
   ``max_completion_length`` as the constant, as TRL's ``dr_grpo``; ``token-mean`` divides by the token
   count of the whole generation batch, as TRL's ``dapo``);
 - ``sis_top_k``: selective importance sampling (Li et al. 2026, arXiv:2607.04728) on top of the policy
   loss: at generation one no-grad forward stores the behaviour's top-K token ids and log-probs with the
   batch; every loss computation runs one more no-grad forward of the current policy, accepts tokens by
-  :func:`~posttrain.estimators.sis.sis_rejection_test` (uniforms from the trainer's own generator,
-  seeded by ``args.seed``) and feeds :func:`sis_effective_logp_old` to the loss. It only matters when
+  `sis_rejection_test` (uniforms from the trainer's own generator,
+  seeded by ``args.seed``) and feeds `sis_effective_logp_old` to the loss. It only matters when
   updates are off-policy (``num_iterations > 1`` or ``steps_per_generation`` > accumulation steps).
 
 Hooks (private TRL methods, checked to exist when the class is built; tested against TRL 1.16, the
@@ -30,11 +30,11 @@ Hooks (private TRL methods, checked to exist when the class is built; tested aga
 generation batch (gathered over processes); ``_generate_and_score_completions`` then replaces TRL's
 advantages by ours on the weighted sum of those rewards, grouped by ``num_generations``, sliced to this
 process's rows; ``_compute_loss`` recomputes the token log-probs with TRL's own helper and returns
-:func:`trl_policy_loss`. TRL's ``loss_type``, ``scale_rewards``, ``epsilon*`` and
+`trl_policy_loss`. TRL's ``loss_type``, ``scale_rewards``, ``epsilon*`` and
 ``importance_sampling_level`` are then not used (our options replace them); settings whose effect the
 adapter does not reproduce (entropy bonus, top-entropy masking, off-policy masking,
 ``normalize_then_sum``, a MoE router aux loss) raise, read from the public ``GRPOConfig`` fields
-(:func:`unsupported_settings`; a TRL without one of those fields is refused).
+(`unsupported_settings`; a TRL without one of those fields is refused).
 
 Micro-batching: sequence modes (``seq-mean-*``) divide each micro-batch's loss by the
 gradient-accumulation steps, so they sum to the full-batch value for equal micro-batches; ``token-mean``
@@ -93,7 +93,7 @@ def resolve_advantage(
 ) -> Callable[[Tensor], Tensor]:
     """Our advantage named ``spec`` (or a callable) with ``options`` bound; it must take only ``rewards [G, K]``.
 
-    Example:
+    Examples:
         >>> resolve_advantage("drgrpo")(torch.tensor([[1.0, 0.0]])).tolist()
         [[0.5, -0.5]]
     """
@@ -108,7 +108,7 @@ def resolve_policy_loss(spec: str | Callable[..., Any], options: dict[str, Any] 
 def trl_advantages(
     rewards_per_func: Tensor, weights: Tensor, num_generations: int, advantage: Callable[[Tensor], Tensor]
 ) -> Tensor:
-    r"""Our advantage on TRL's rewards: :math:`R_i = \sum_f w_f r_{if}` (None entries skipped), grouped ``[G, K]``.
+    r"""Our advantage on TRL's rewards: $R_i = \sum_f w_f r_{if}$ (None entries skipped), grouped ``[G, K]``.
 
     Args:
         rewards_per_func: ``[B, F]`` rewards of the generation batch (NaN where a function returned None),
@@ -121,7 +121,7 @@ def trl_advantages(
     Raises:
         DomainError: a completion that no reward function scored (our estimators need every reward).
 
-    Example:
+    Examples:
         >>> from posttrain.estimators import rloo_advantages
         >>> trl_advantages(torch.tensor([[1.0, 0.0], [0.0, float("nan")]]), torch.ones(2), 2, rloo_advantages).tolist()
         [1.0, -1.0]
@@ -155,24 +155,26 @@ def trl_policy_loss(
 ) -> tuple[Tensor, Any]:
     r"""The scalar loss the adapted trainer returns for one micro-batch, and the loss's diagnostics.
 
-    .. math:: \mathcal L = \frac{1}{n_{acc}}\,\mathrm{agg}(X),\qquad
-        X = \rho \odot L(\ell, \ell_{old}, A) + \beta\,k_3(\ell, \ell_{ref})
+    $$
+    \mathcal L = \frac{1}{n_{acc}}\,\mathrm{agg}(X),\qquad
+            X = \rho \odot L(\ell, \ell_{old}, A) + \beta\,k_3(\ell, \ell_{ref})
+    $$
 
-    with :math:`L` our per-token ``loss``, :math:`\rho` TRL's sampler-mismatch weights (``is_ratio``, when
-    vLLM importance-sampling correction is on), :math:`k_3` our :func:`~posttrain.estimators.k3_kl`
-    (TRL's KL term) and ``agg`` our :func:`~posttrain.estimators.aggregate` with ``horizon``. For
-    ``token-mean`` with ``token_normalizer`` :math:`N` given, :math:`\mathcal L = \sum m X / N` instead
-    (TRL's ``dapo``: :math:`N` is the generation batch's token count per process and accumulation window).
+    with $L$ our per-token ``loss``, $\rho$ TRL's sampler-mismatch weights (``is_ratio``, when
+    vLLM importance-sampling correction is on), $k_3$ our `k3_kl`
+    (TRL's KL term) and ``agg`` our `aggregate` with ``horizon``. For
+    ``token-mean`` with ``token_normalizer`` $N$ given, $\mathcal L = \sum m X / N$ instead
+    (TRL's ``dapo``: $N$ is the generation batch's token count per process and accumulation window).
 
     Args:
         logp, logp_old: ``[B, T]``. advantages: ``[B]`` or ``[B, T]``. mask: ``[B, T]`` boolean.
-        loss: per-token loss (see :func:`resolve_policy_loss`). mode: aggregation. horizon: the constant of
-        ``seq-mean-token-sum-norm``. beta, logp_ref: KL coefficient and reference log-probs.
-        is_ratio: ``[B, T]`` or ``[B, 1]`` weights. grad_accum_steps: the divisor :math:`n_{acc}`.
-        token_normalizer: :math:`N` for ``token-mean`` (then ``grad_accum_steps`` is not applied: :math:`N`
-        already spans the accumulation window); ignored by the other modes.
+        loss: per-token loss (see `resolve_policy_loss`). mode: aggregation. horizon: the constant of
+            ``seq-mean-token-sum-norm``. beta, logp_ref: KL coefficient and reference log-probs.
+        is_ratio: ``[B, T]`` or ``[B, 1]`` weights. grad_accum_steps: the divisor $n_{acc}$.
+        token_normalizer: $N$ for ``token-mean`` (then ``grad_accum_steps`` is not applied: $N$
+            already spans the accumulation window); ignored by the other modes.
 
-    Example:
+    Examples:
         >>> from posttrain.estimators import no_correction_loss
         >>> lp, m = torch.zeros(1, 3), torch.tensor([[True, True, False]])
         >>> adv = torch.ones(1)
@@ -211,17 +213,17 @@ def sis_effective_logp_old(
     mask: Tensor,
     u: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    r"""SIS inside TRL: the rejection test, then :func:`~posttrain.estimators.sis.sis_logp_old`.
+    r"""SIS inside TRL: the rejection test, then `sis_logp_old`.
 
-    Accept token :math:`t` with probability :math:`\min(1, \rho_t/M_t)`, the released test (no top-K
-    membership rule; :func:`~posttrain.estimators.sis.sis_rejection_test`, the trainer hook's one-pass test; ``u`` the
+    Accept token $t$ with probability $\min(1, \rho_t/M_t)$, the released test (no top-K
+    membership rule; `sis_rejection_test`, the trainer hook's one-pass test; ``u`` the
     uniforms); returns
     ``(logp_old_eff [B, T], accepted [B, T])``, so any ratio loss on ``logp_old_eff`` is its SIS version.
 
     Args:
         logp, logp_old: ``[B, T]`` current and behaviour log-probs of the sampled tokens.
         completion_ids: ``[B, T]`` sampled tokens. topk_ids, old_topk_logp: ``[B, T, K]`` the behaviour's
-        top-K ids and log-probs. cur_logp_full: ``[B, T, V]`` current log-probs. mask: ``[B, T]``.
+            top-K ids and log-probs. cur_logp_full: ``[B, T, V]`` current log-probs. mask: ``[B, T]``.
         u: ``[B, T]`` Uniform(0, 1) draws.
     """
     cur_topk = cur_logp_full.gather(-1, topk_ids)
@@ -237,7 +239,7 @@ GUARDED_ARGS = (
     "multi_objective_aggregation",
     "router_aux_loss_coef",
 )
-"""The public ``GRPOConfig`` fields :func:`unsupported_settings` reads (a TRL without one is refused)."""
+"""The public ``GRPOConfig`` fields `unsupported_settings` reads (a TRL without one is refused)."""
 
 _HOOKS = (
     "_calculate_rewards",
@@ -256,9 +258,9 @@ def unsupported_settings(args: Any, model_config: Any = None) -> list[str]:
     non-zero ``router_aux_loss_coef`` from ``args`` or, when that is None, from the model config).
 
     Raises:
-        DomainError: ``args`` lacks one of :data:`GUARDED_ARGS` (a TRL release that renamed it).
+        DomainError: ``args`` lacks one of `GUARDED_ARGS` (a TRL release that renamed it).
 
-    Example:
+    Examples:
         >>> from types import SimpleNamespace
         >>> unsupported_settings(SimpleNamespace(top_entropy_quantile=0.2, off_policy_mask_threshold=None,
         ...     entropy_coef=0.0, use_adaptive_entropy=False, multi_objective_aggregation="sum_then_normalize",

@@ -3,28 +3,28 @@ r"""verl plugin: our advantage estimators and policy losses in verl's registries
 Importing this module registers (when verl is installed; verl >= 0.6.1 for the ``(loss, metrics)``
 policy-loss return):
 
-- ``posttrain_grpo``: :func:`~posttrain.estimators.group_normalized_advantages`, ``scale_by_std`` from
+- ``posttrain_grpo``: `group_normalized_advantages`, ``scale_by_std`` from
   ``algorithm.norm_adv_by_std_in_grpo`` (verl built-in to match: ``grpo``);
-- ``posttrain_drgrpo``: :func:`~posttrain.estimators.drgrpo_advantages` (``grpo`` without the std);
-- ``posttrain_rloo``: :func:`~posttrain.estimators.rloo_advantages` (``rloo``);
-- ``posttrain_reinforce_pp``: :func:`~posttrain.estimators.reinforce_pp_advantages`, ``algorithm.gamma``
+- ``posttrain_drgrpo``: `drgrpo_advantages` (``grpo`` without the std);
+- ``posttrain_rloo``: `rloo_advantages` (``rloo``);
+- ``posttrain_reinforce_pp``: `reinforce_pp_advantages`, ``algorithm.gamma``
   (``reinforce_plus_plus``);
-- ``posttrain_reinforce_pp_baseline``: :func:`~posttrain.estimators.reinforce_pp_baseline_advantages`
+- ``posttrain_reinforce_pp_baseline``: `reinforce_pp_baseline_advantages`
   (``reinforce_plus_plus_baseline``);
-- policy loss ``posttrain_ppo_clip``: :func:`~posttrain.estimators.clipped_ratio_loss` with the dual clip
+- policy loss ``posttrain_ppo_clip``: `clipped_ratio_loss` with the dual clip
   ``clip_ratio_c`` (``vanilla``);
-- policy loss ``posttrain_gspo``: :func:`~posttrain.estimators.gspo_loss` (``gspo``);
-- policy loss ``posttrain_cispo``: :func:`~posttrain.estimators.cispo_loss` in verl's convention
-  :math:`w = \mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high})` from ``clip_ratio_low``/``_high``
+- policy loss ``posttrain_gspo``: `gspo_loss` (``gspo``);
+- policy loss ``posttrain_cispo``: `cispo_loss` in verl's convention
+  $w = \mathrm{clip}(r, 1-\epsilon_{low}, 1+\epsilon_{high})$ from ``clip_ratio_low``/``_high``
   (built-in ``cispo``, compared with verl 0.9.1);
-- policy losses ``posttrain_truncated_is`` (:func:`~posttrain.estimators.truncated_is_loss`, cap 2) and
-  ``posttrain_no_is_correction`` (:func:`~posttrain.estimators.no_correction_loss`), no verl twin.
+- policy losses ``posttrain_truncated_is`` (`truncated_is_loss`, cap 2) and
+  ``posttrain_no_is_correction`` (`no_correction_loss`), no verl twin.
 
 Advantages: verl's ``index`` (prompt uids) groups the rows into our ``[G, K]``; the outcome score is the
 masked sum of ``token_level_rewards``; the result comes back in verl's row order, times the mask, as
 ``(advantages, returns)`` with the same tensor twice (outcome estimators have no separate returns).
 Policy losses: our per-token loss, times ``rollout_is_weights`` when given (as verl's built-ins), reduced
-by :func:`~posttrain.llm.adapters.convert.global_aggregate` with ``loss_agg_mode`` and the actor config's
+by `global_aggregate` with ``loss_agg_mode`` and the actor config's
 ``global_batch_info`` (so data-parallel and micro-batch invariance are verl's); clip settings from the
 actor config (``clip_ratio``, ``clip_ratio_low``/``_high``, ``clip_ratio_c``).
 
@@ -36,8 +36,8 @@ verl's batch), GFlowRL / GARL / PAFT (partition estimates, trace weights).
 Make the names visible in every Ray worker (registries are per process): ``pip install posttrain``
 declares the ``verl.plugins`` entry point (verl >= 0.9 imports it on ``import verl``); with older verl
 set ``VERL_USE_EXTERNAL_MODULES=posttrain.llm.adapters.verl`` in the workers' environment. Then
-:func:`check_registered` confirms the names are there. Bind other hyperparameters with
-:func:`register_policy_loss_variant` (verl's config dataclasses may reject unknown keys).
+`check_registered` confirms the names are there. Bind other hyperparameters with
+`register_policy_loss_variant` (verl's config dataclasses may reject unknown keys).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def verl_advantage(grouped: Callable[[Tensor, Any], Tensor]) -> AdvantageFn:
 def _reinforce_pp(
     token_level_rewards: Tensor, response_mask: Tensor, config: Any = None, **_: Any
 ) -> tuple[Tensor, Tensor]:
-    """verl adapter of :func:`~posttrain.estimators.reinforce_pp_advantages` (``algorithm.gamma``, default 1).
+    """verl adapter of `reinforce_pp_advantages` (``algorithm.gamma``, default 1).
 
     Returns the advantages twice: verl's built-in returns the discounted returns second, which only a
     critic would read (and none is built for this estimator).
@@ -140,7 +140,7 @@ def _reinforce_pp(
 def _reinforce_pp_baseline(
     token_level_rewards: Tensor, response_mask: Tensor, index: Any = None, config: Any = None, **_: Any
 ) -> tuple[Tensor, Tensor]:
-    """verl adapter of :func:`~posttrain.estimators.reinforce_pp_baseline_advantages` (rows regrouped and restored)."""
+    """verl adapter of `reinforce_pp_baseline_advantages` (rows regrouped and restored)."""
     mask = response_bool_mask(response_mask)
     with torch.no_grad():
         ids = group_ids_from_index(_require_index(index), device=token_level_rewards.device)
@@ -223,7 +223,7 @@ def _core_algos() -> Any:
 def register_policy_loss_variant(name: str, loss: Callable[..., Any], **fixed: Any) -> PolicyLossFn:
     """Register ``loss`` with hyperparameters bound (e.g. ``truncated_is_loss, cap=5.0``) as ``posttrain_<name>``.
 
-    Call it in a module that :data:`VERL_USE_EXTERNAL_MODULES` imports, so every worker registers it.
+    Call it in a module that `VERL_USE_EXTERNAL_MODULES` imports, so every worker registers it.
     """
     fn = verl_policy_loss(functools.partial(loss, **fixed))
     _core_algos().register_policy_loss(PREFIX + name)(fn)

@@ -1,11 +1,11 @@
 r"""In-place ES on a model's parameters: perturb, restore and update tensors chunk by chunk, and vmapped members.
 
 The stateful half of evolution strategies: the noise, the reward shaping and the update maths are
-the pure functions of :mod:`posttrain.estimators.es`; here they are applied to live parameters in
-place (under ``torch.no_grad``) with the noise regenerated in :data:`~posttrain.estimators.es.NOISE_CHUNK`-element
-chunks (:func:`~posttrain.estimators.es.noise_chunks`) through one or two reused buffers, so the extra
+the pure functions of `posttrain.estimators.es`; here they are applied to live parameters in
+place (under ``torch.no_grad``) with the noise regenerated in `NOISE_CHUNK`-element
+chunks (`noise_chunks`) through one or two reused buffers, so the extra
 memory is independent of the parameters' sizes, and a module's members are evaluated in one
-``vmap`` of ``functional_call`` (:func:`population_forward`).
+``vmap`` of ``functional_call`` (`population_forward`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ __all__ = ["apply_es_step_", "perturb_", "population_forward", "restore_", "roun
 
 
 def perturb_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    r"""In place, per tensor: :math:`\theta^{(n)} \leftarrow \theta^{(n)} + \mathrm{sign}\,\sigma\varepsilon^{(n)}_{k}`.
+    r"""In place, per tensor: $\theta^{(n)} \leftarrow \theta^{(n)} + \mathrm{sign}\,\sigma\varepsilon^{(n)}_{k}$.
 
-    The noise comes in :data:`NOISE_CHUNK`-element chunks (:func:`noise_chunks`) through one reused
+    The noise comes in `NOISE_CHUNK`-element chunks (`noise_chunks`) through one reused
     buffer, so the peak extra memory is one chunk (plus its cast for low-precision parameters),
     independent of the parameters' sizes. Tied parameters must appear once in ``params``
     (``named_parameters()`` deduplicates). Runs under ``torch.no_grad()``.
@@ -84,18 +84,18 @@ def _write_back(p: Tensor, flat: Tensor) -> None:
 
 
 def restore_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    """Undo :func:`perturb_` by subtracting the same regenerated noise (exact only in exact arithmetic)."""
+    """Undo `perturb_` by subtracting the same regenerated noise (exact only in exact arithmetic)."""
     perturb_(params, seed, sigma=sigma, sign=-sign, mix_names=mix_names)
 
 
 def roundtrip_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    r""":func:`perturb_` then :func:`restore_` with nothing in between, drawing the noise once.
+    r"""`perturb_` then `restore_` with nothing in between, drawing the noise once.
 
-    Bit-identical to the pair (:math:`\theta \leftarrow (\theta + d) - d` with the same rounded
-    :math:`d = \mathrm{sign}\,\sigma\varepsilon`, and :math:`-d` is exact), at half the noise cost:
+    Bit-identical to the pair ($\theta \leftarrow (\theta + d) - d$ with the same rounded
+    $d = \mathrm{sign}\,\sigma\varepsilon$, and $-d$ is exact), at half the noise cost:
     how a process replays the members it does not evaluate to stay bit-identical to one process.
 
-    Example:
+    Examples:
         >>> a, b = {"w": torch.linspace(-1, 1, 40)}, {"w": torch.linspace(-1, 1, 40)}
         >>> perturb_(a, 4, sigma=0.3); restore_(a, 4, sigma=0.3); roundtrip_(b, 4, sigma=0.3)
         >>> bool(torch.equal(a["w"], b["w"]))
@@ -113,12 +113,12 @@ def apply_es_step_(
     shaping: str = "zscore",
     mix_names: bool = True,
 ) -> None:
-    """In place: add :func:`es_step`'s increments to ``params`` (fp32 accumulate, cast once), chunk by chunk.
+    """In place: add `es_step`'s increments to ``params`` (fp32 accumulate, cast once), chunk by chunk.
 
     For each tensor the ``P`` members' generators advance together over the tensor's noise chunks
-    (:func:`noise_chunks`), so the extra memory is two chunk buffers (accumulator and noise) and
+    (`noise_chunks`), so the extra memory is two chunk buffers (accumulator and noise) and
     ``P`` generator states, independent of the parameters' sizes. Every element sees the same
-    float operations in the same order as :func:`es_step`, so the result equals
+    float operations in the same order as `es_step`, so the result equals
     ``params + es_step(...)`` exactly.
     """
     check_params(params)

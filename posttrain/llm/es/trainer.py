@@ -2,30 +2,30 @@
 
 Per step (Ba et al. 2026, arXiv:2608.27351, App. G.1; Qiu et al. 2025, arXiv:2509.24372):
 
-1. ask: the step's member seeds come from :func:`posttrain.estimators.es.evolution_strategy`;
+1. ask: the step's member seeds come from `posttrain.estimators.es.evolution_strategy`;
 2. evaluate: for each member, perturb the model's weights in place from its seed
-   (:func:`~posttrain.llm.es.params.perturb_`), score it on the step's shared prompt batch, and
-   subtract the same regenerated noise (:func:`~posttrain.llm.es.params.restore_`);
-3. update: z-score the rewards and add :math:`\\alpha\\frac1P\\sum_i z_i\\varepsilon_i` tensor by tensor
-   (:func:`~posttrain.llm.es.params.apply_es_step_`, one float32 accumulator at a time).
+   (`perturb_`), score it on the step's shared prompt batch, and
+   subtract the same regenerated noise (`restore_`);
+3. update: z-score the rewards and add $\\alpha\\frac1P\\sum_i z_i\\varepsilon_i$ tensor by tensor
+   (`apply_es_step_`, one float32 accumulator at a time).
 
 Memory stays near one copy of the weights: no gradients, no optimiser state; the noise is drawn
-and the update accumulated in fixed-size chunks (:data:`~posttrain.estimators.es.NOISE_CHUNK`
+and the update accumulated in fixed-size chunks (`NOISE_CHUNK`
 elements), so ES's own temporaries do not grow with the largest parameter tensor. The rest of a
-step's peak is the fitness evaluation's activations (``micro_batch`` in :func:`generation_fitness`).
+step's peak is the fitness evaluation's activations (``micro_batch`` in `generation_fitness`).
 
 Distributed: members are dealt round-robin over the processes of a ``torch.distributed`` group;
 only seeds (derived identically on every rank from the shared key) and the ``P`` scalar rewards
 (one ``all_reduce`` of a zero-initialised vector) cross processes. Restoring by subtraction is not
 exact in floating point, so with ``lockstep=True`` (default) every rank also replays the
-perturb-restore round trip of the members it does not evaluate (:func:`~posttrain.llm.es.params.roundtrip_`,
+perturb-restore round trip of the members it does not evaluate (`roundtrip_`,
 one noise draw instead of two): all ranks then perform the same float operations as a single
 process and stay bit-identical to it without ever sending weights. ``lockstep=False`` skips that
 work (faster) and lets the replicas drift by rounding; the paper re-broadcasts weights instead.
 
-:func:`grpo_then_es` is the sequential GRPO -> ES schedule of Ba et al. 2026 (§4C).
+`grpo_then_es` is the sequential GRPO -> ES schedule of Ba et al. 2026 (§4C).
 
-Simplifications: the fitness is any callable of the step (e.g. :func:`generation_fitness`, greedy
+Simplifications: the fitness is any callable of the step (e.g. `generation_fitness`, greedy
 decoding with a task's verifier); tied parameters are perturbed once (``named_parameters``
 deduplicates shared tensors).
 """

@@ -1,20 +1,22 @@
 """The ``Algorithm`` bundle: the callables a method is made of, resolved by name once at the config edge.
 
-A method preset (:class:`MethodPreset`) names an advantage estimator, a per-token policy loss, an
-aggregation mode and their options. :func:`preset_algorithm` resolves the names in the estimator
-registries and returns an :class:`Algorithm` whose fields are plain callables; the trainer calls
+A method preset (`MethodPreset`) names an advantage estimator, a per-token policy loss, an
+aggregation mode and their options. `preset_algorithm` resolves the names in the estimator
+registries and returns an `Algorithm` whose fields are plain callables; the trainer calls
 them and never looks at a name. The methods by name (presets and bundles) are the registry of
-:mod:`posttrain.llm.methods.catalog`. What a method needs beyond the
+`posttrain.llm.methods.catalog`. What a method needs beyond the
 rollout (``logp_ref`` for a KL term, ``logp_teacher`` for a loss whose signature asks for it) is
 declared in ``Algorithm.needs`` and filled by the trainer. A method whose parts do not fit the
 ``(logp, logp_old, advantages, mask)`` loss signature (GFlowRL's whole-group flow gaps) is registered
-as a :class:`MethodBundle`: a factory ``(horizon, **options) -> Algorithm``; ``algorithm.options``
+as a `MethodBundle`: a factory ``(horizon, **options) -> Algorithm``; ``algorithm.options``
 are its keyword options, and a KL term or entropy
 bonus set in the config is added to its bundle like to any other.
 
 Per token, the minimised quantity is
 
-.. math:: L_{it} = \\ell^{pg}_{it} + \\beta\\,\\mathrm{KL}_{it} - c_H H_{it}
+$$
+L_{it} = \\ell^{pg}_{it} + \\beta\\,\\mathrm{KL}_{it} - c_H H_{it}
+$$
 
 aggregated once with the chosen mode (aggregation is linear, so this equals verl's separate
 aggregation of each term with the same mode).
@@ -87,7 +89,7 @@ def update_seed(run_seed: int, step: int, update: int, rank: int) -> int:
     ``(run_seed, step, update, rank)`` tagged as a hook stream, so it never shares a stream with the
     engine's sampling seed of any step or rank.
 
-    Example:
+    Examples:
         >>> update_seed(0, 0, 0, 0) == update_seed(0, 0, 0, 0) != update_seed(0, 0, 1, 0)
         True
     """
@@ -103,7 +105,7 @@ def update_seed(run_seed: int, step: int, update: int, rank: int) -> int:
 class UpdateContext:
     """What a bundle's ``before_update`` hook may use: the policy (no grad), the update index, a seed.
 
-    ``seed`` is :func:`update_seed` of the run seed, completed steps, update and rank: a stream of its
+    ``seed`` is `update_seed` of the run seed, completed steps, update and rank: a stream of its
     own, distinct from the rollout engine's sampling seeds (fresh per step, update and rank).
     """
 
@@ -115,7 +117,7 @@ class UpdateContext:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """The callables of one method; built by :func:`build_algorithm`, used by the trainer.
+    """The callables of one method; built by `build_algorithm`, used by the trainer.
 
     Attributes:
         advantage: the batch -> ``[B, T]`` per-token advantages, 0 off the mask (e.g. from its ``[G, K]`` rewards).
@@ -167,7 +169,7 @@ class Algorithm:
     def token_loss(
         self, logp: Float[Tensor, "B T"], entropy: Float[Tensor, "B T"] | None, batch: RolloutBatch
     ) -> tuple[Float[Tensor, "B T"], dict[str, Tensor]]:
-        """The per-token loss :math:`\\ell^{pg} + \\beta\\,KL - c_H H` and 0-d diagnostics (token means)."""
+        """The per-token loss $\\ell^{pg} + \\beta\\,KL - c_H H$ and 0-d diagnostics (token means)."""
         if batch.logp_old is None or batch.advantages is None:
             raise DomainError("batch: logp_old and advantages must be filled before the loss")
         extra = {name: getattr(batch, name) for name in self.loss_needs}
@@ -242,10 +244,10 @@ def preset_algorithm(
     advantage_options: Mapping[str, Any] | None = None,
     loss_options: Mapping[str, Any] | None = None,
 ) -> Algorithm:
-    """The :class:`Algorithm` of a preset, its names overridden by ``advantage``/``loss``/``aggregation``
+    """The `Algorithm` of a preset, its names overridden by ``advantage``/``loss``/``aggregation``
     and its options merged with the given ones (an override drops the preset's options of that part).
 
-    Example:
+    Examples:
         >>> alg = preset_algorithm(GRPO, horizon=16, aggregation="token-mean")
         >>> alg.aggregation.value, sorted(alg.needs)
         ('token-mean', ['logp_old'])

@@ -1,10 +1,10 @@
-"""Every method by name: the presets and bundles of ``algorithm.method``, and :func:`build_algorithm`.
+"""Every method by name: the presets and bundles of ``algorithm.method``, and `build_algorithm`.
 
 This is the one place a method's name meets its parts (``registry("method")``, ``posttrain list
-method``): a :class:`~posttrain.llm.methods.algorithm.MethodPreset` names registry estimators, a
-:class:`~posttrain.llm.methods.algorithm.MethodBundle` holds the factory of a method module
-(:mod:`~posttrain.llm.methods.distill`, :mod:`~posttrain.llm.methods.flow`,
-:mod:`~posttrain.llm.methods.sis`). The run's edge calls :func:`build_algorithm` once.
+method``): a `MethodPreset` names registry estimators, a
+`MethodBundle` holds the factory of a method module
+(`distill`, `flow`,
+`sis`). The run's edge calls `build_algorithm` once.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ METHODS.add(
 METHODS.add(
     "flowrl",
     MethodBundle(flowrl_algorithm),
-    paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207 (spec 14 baseline)",
+    paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207 (docs: methods/gflowrl.md baseline)",
     summary="FlowRL: trajectory balance with a learned log Z(x), an MLP over the prompt's mean hidden state.",
 )
 
@@ -104,7 +104,7 @@ METHODS.add(
 METHODS.add(
     "exopd",
     MethodBundle(exopd_algorithm),
-    paper="ExOPD / G-OPD reward extrapolation, arXiv:2602.12125 (spec 13 baseline)",
+    paper="ExOPD / G-OPD reward extrapolation, arXiv:2602.12125 (docs: methods/opd2.md baseline)",
     summary="ExOPD: PPO-clip on lam*(teacher - reference) - (student - reference); reference = model.reference.",
 )
 METHODS.add(
@@ -118,7 +118,7 @@ METHODS.add(
 def _from_bundle(
     method: str, entry: MethodBundle, horizon: int, options: Mapping[str, Any], overrides: Mapping[str, Any]
 ) -> Algorithm:
-    """Call a :class:`MethodBundle`'s factory; advantage/loss/aggregation overrides do not apply to it."""
+    """Call a `MethodBundle`'s factory; advantage/loss/aggregation overrides do not apply to it."""
     given = sorted(k for k, v in overrides.items() if v)
     if given:
         raise DomainError(
@@ -142,12 +142,12 @@ def build_algorithm(
     entropy_coef: float = 0.0,
     options: Mapping[str, Any] | None = None,
 ) -> Algorithm:
-    """Resolve a method plus overrides into an :class:`~posttrain.llm.methods.algorithm.Algorithm`.
+    """Resolve a method plus overrides into an `Algorithm`.
 
-    ``options`` are the keyword options of a :class:`MethodBundle` method (an error for a preset);
+    ``options`` are the keyword options of a `MethodBundle` method (an error for a preset);
     the KL term and entropy bonus are added to either.
 
-    Example:
+    Examples:
         >>> alg = build_algorithm(method="drgrpo", horizon=16, kl="k3", kl_coef=0.01)
         >>> alg.aggregation.value, sorted(alg.needs)
         ('seq-mean-token-sum-norm', ['logp_old', 'logp_ref'])

@@ -1,37 +1,37 @@
-r"""Distillation methods as :class:`~posttrain.llm.methods.algorithm.Algorithm` bundles (specs 01 and 13, LLM lift).
+r"""Distillation methods as `Algorithm` bundles (docs: methods/opd_then_rl.md, methods/opd2.md, LLM lift).
 
-**OPD-then-RL** (:func:`opd_then_rl_algorithm`, ``algorithm.method: opd_then_rl``). The bundle at step :math:`s` (counted from 1) is a pure function of :math:`s`
+**OPD-then-RL** (`opd_then_rl_algorithm`, ``algorithm.method: opd_then_rl``). The bundle at step $s$ (counted from 1) is a pure function of $s$
 and of the validation scores logged so far: while the OPD phase holds it declares ``logp_teacher``
-and its advantage is :func:`~posttrain.estimators.distill_rules.opd_then_rl_advantages` with the OPD
-signal :math:`d_t = \ell^T_t - \ell^{old}_t`; after the switch it declares no teacher (the trainer runs
+and its advantage is `opd_then_rl_advantages` with the OPD
+signal $d_t = \ell^T_t - \ell^{old}_t$; after the switch it declares no teacher (the trainer runs
 no teacher forward) and the same estimator returns GRPO's group-normalised advantage. One optimiser
 and one PPO-clip loss throughout, as in the paper. The switch is either a fixed step
-(``switch_step``: OPD for steps :math:`1..S`, :func:`~posttrain.estimators.distill_rules.opd_phase`) or
+(``switch_step``: OPD for steps $1..S$, `opd_phase`) or
 the validation-score rule ``switch_rule: plateau``: the step after the first evaluation at which
-:func:`~posttrain.estimators.distill_rules.plateau_switch_step` (``window``, ``min_gain``) finds a
+`plateau_switch_step` (``window``, ``min_gain``) finds a
 plateau in the scores the trainer passes (``logging.eval_metric`` every ``logging.eval_every`` steps).
 The rule only reads a prefix of the score history and its answer never changes once given, so the
 switch is permanent. Every step logs ``opd_then_rl/teacher_phase`` (1 in the OPD phase, 0 after).
 Reference: Li, Chen, Yang, Nie, Zhao, Ye 2026, Sequential Beats Joint (arXiv:2609.04108).
 
-**ExOPD** (:func:`exopd_algorithm`, ``algorithm.method: exopd``): PPO-clip on the per-token reward
-:func:`~posttrain.estimators.delta_distill.exopd_advantages`
-:math:`s[\lambda(\ell^*-\ell^{ref})-(\ell^{old}-\ell^{ref})]` with the rollout-time student
-log-prob :math:`\ell^{old}`. It declares ``logp_teacher`` (``model.teacher``) and ``logp_ref``;
-spec 13's reference is the teacher-base, set with ``model.reference`` (default: the initial
-policy). Token-mean aggregation as in spec 13's toy.
+**ExOPD** (`exopd_algorithm`, ``algorithm.method: exopd``): PPO-clip on the per-token reward
+`exopd_advantages`
+$s[\lambda(\ell^*-\ell^{ref})-(\ell^{old}-\ell^{ref})]$ with the rollout-time student
+log-prob $\ell^{old}$. It declares ``logp_teacher`` (``model.teacher``) and ``logp_ref``;
+the paper's (docs: methods/opd2.md) reference is the teacher-base, set with ``model.reference`` (default: the initial
+policy). Token-mean aggregation as in the paper (docs: methods/opd2.md) toy.
 
-**OPD²** (:func:`opd2_algorithm`, ``algorithm.method: opd2``): PPO-clip on
-:func:`~posttrain.estimators.delta_distill.opd2_advantages` (centred delta teacher-minus-teacher-base,
+**OPD²** (`opd2_algorithm`, ``algorithm.method: opd2``): PPO-clip on
+`opd2_advantages` (centred delta teacher-minus-teacher-base,
 sign-gated by the centred OPD advantage, scale 0.1). It declares the student's top-K support
 ``topk_ids`` (K = ``algorithm.topk``, the sampled id forced in) and the ``[B, T, K]`` log-probs of
 student, teacher (``model.teacher``) and teacher-base (``model.reference``) on it, filled by
-:mod:`posttrain.llm.methods.topk` with one batched no-grad forward per model. The sampled-token
+`posttrain.llm.methods.topk` with one batched no-grad forward per model. The sampled-token
 log-probs of the three models are the support column holding the sampled id
-(:func:`~posttrain.estimators.delta_distill.sampled_on_support`), so no further forward runs; the
+(`sampled_on_support`), so no further forward runs; the
 student's values come from the trainer-side forward at fill time (the PPO ratio keeps the engine's
 ``logp_old``). Token-mean aggregation. Simplification: the teacher and teacher-base score the
-student's prompt ids (one tokenizer and no per-model chat template, unlike spec 13 §4).
+student's prompt ids (one tokenizer and no per-model chat template, unlike docs: methods/opd2.md).
 Reference: Heo, Hwang, Yun, Han 2026, On-Policy Delta Distillation (arXiv:2607.15161).
 """
 
@@ -98,10 +98,10 @@ def opd_then_rl_algorithm(
     """The OPD-then-RL bundle: OPD, then GRPO from the switch on (``algorithm.options``).
 
     Give exactly one of ``switch_step`` (OPD for steps ``1..switch_step``) and ``switch_rule="plateau"``
-    (OPD until :func:`~posttrain.estimators.distill_rules.plateau_switch_step` with ``window`` and
+    (OPD until `plateau_switch_step` with ``window`` and
     ``min_gain`` finds a plateau in the validation scores so far; then GRPO for good).
 
-    Example:
+    Examples:
         >>> alg = opd_then_rl_algorithm(8, switch_step=2)
         >>> sorted(alg.at(2).needs), sorted(alg.at(3).needs)
         (['logp_old', 'logp_teacher'], ['logp_old'])
@@ -162,9 +162,9 @@ def exopd_algorithm(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
 ) -> Algorithm:
-    """The ExOPD bundle (``lam`` = 1.25 and ``scale`` = 0.1 as in spec 13; ``lam`` = 1 is OPD for any reference).
+    """The ExOPD bundle (``lam`` = 1.25 and ``scale`` = 0.1 as in the paper (docs: methods/opd2.md); ``lam`` = 1 is OPD for any reference).
 
-    Example:
+    Examples:
         >>> sorted(exopd_algorithm(8).needs)
         ['logp_old', 'logp_ref', 'logp_teacher']
     """
@@ -189,9 +189,9 @@ def opd2_algorithm(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
 ) -> Algorithm:
-    """The OPD² bundle (spec 13 defaults; ``use_delta``/``center``/``condition`` are the paper's ablations).
+    """The OPD² bundle (docs: methods/opd2.md defaults; ``use_delta``/``center``/``condition`` are the paper's ablations).
 
-    Example:
+    Examples:
         >>> sorted(opd2_algorithm(8).needs)
         ['logp_old', 'topk_ids', 'topk_logp_old', 'topk_logp_ref', 'topk_logp_teacher']
     """

@@ -1,30 +1,30 @@
-r"""GFlowRL as an :class:`~posttrain.llm.methods.algorithm.Algorithm` bundle for the LLM trainer (spec 14, section 9).
+r"""GFlowRL as an `Algorithm` bundle for the LLM trainer (docs: methods/gflowrl.md).
 
 The trainer fills ``logp_ref`` (a reference forward) before the advantages, then calls the
 bundle's ``advantage`` on the **whole** rollout batch: that is where the per-prompt statistics
 are computed (the in-batch log-partition and the clipped flow gaps of
-:func:`posttrain.estimators.gflowrl.flow_gap`), once, before any micro-batching. The clipped gap
+`posttrain.estimators.gflowrl.flow_gap`), once, before any micro-batching. The clipped gap
 is stored in the batch's advantage slot (constant over a response, so advantage logs show flow
 gaps). The per-token loss reads it back per row and applies
-:func:`posttrain.estimators.gflowrl.gflowrl_loss` with the precomputed gap (IS weight and
+`posttrain.estimators.gflowrl.gflowrl_loss` with the precomputed gap (IS weight and
 residual only depend on the row), so any split into micro-batches gives the same gradient.
 Aggregation is ``seq-mean-token-sum`` (the mean over sequences of the per-sequence loss, Eq. 8).
 No KL term (the reference enters through the gap) and no entropy bonus, as in the paper.
 
 Selected in YAML as ``algorithm.method: gflowrl`` (registered as a
-:class:`~posttrain.llm.methods.algorithm.MethodBundle`; ``algorithm.options`` are this factory's keyword
+`MethodBundle`; ``algorithm.options`` are this factory's keyword
 options); the trainer then builds the reference filler because the bundle declares ``logp_ref``.
 
 FlowRL, the baseline with a **learned** log-partition (``algorithm.method: flowrl``,
-:func:`flowrl_algorithm`): :math:`\log Z_\phi(x)` is a small MLP (:class:`LogPartitionMLP`) over the mean
+`flowrl_algorithm`): $\log Z_\phi(x)$ is a small MLP (`LogPartitionMLP`) over the mean
 of the prompt's last hidden states, owned by the bundle (``Algorithm.modules``: the trainer optimises it
 as a second parameter group, averages its gradients over ranks and checkpoints it). The features are a
-no-grad batch field ``prompt_features [B, H]`` filled once per rollout by :func:`prompt_feature_filler`
+no-grad batch field ``prompt_features [B, H]`` filled once per rollout by `prompt_feature_filler`
 (one forward over the prompts with the behaviour policy); the z-scored rewards are computed over whole
 groups in ``advantage`` and stored in the advantage slot; the loss is
-:func:`posttrain.estimators.gflowrl.flowrl_loss` per row. Before every update the bundle's hook logs
+`posttrain.estimators.gflowrl.flowrl_loss` per row. Before every update the bundle's hook logs
 ``flowrl/log_z`` (mean learned log Z over the prompts), ``flowrl/log_z_target`` (mean of the log Z that
-minimises the loss at the rollout policy, :func:`~posttrain.estimators.gflowrl.flowrl_optimal_log_z`) and
+minimises the loss at the rollout policy, `flowrl_optimal_log_z`) and
 ``flowrl/log_z_gap`` (mean absolute difference per prompt): a log Z that learns closes the gap. Simplifications vs FlowRL (arXiv:2509.15207):
 the log Z gradient does not flow into the LM through the features (they are detached), the MLP has no
 dropout, its width is an option (FlowRL: the model's hidden size) and it runs on the CPU in float32
@@ -153,12 +153,12 @@ def _init_linear(layer: nn.Linear, gen: torch.Generator) -> None:
 
 
 class LogPartitionMLP(nn.Module):
-    r"""FlowRL's :math:`\log Z_\phi(x)`: three linear layers (GELU + LayerNorm between) from ``[N, H]`` features to ``[N]``.
+    r"""FlowRL's $\log Z_\phi(x)$: three linear layers (GELU + LayerNorm between) from ``[N, H]`` features to ``[N]``.
 
     The input width ``H`` is inferred at the first call (the model's hidden size is not known when the
     bundle is built); every weight is drawn from generators seeded by ``seed`` (same seed, same module).
 
-    Example:
+    Examples:
         >>> mlp = LogPartitionMLP(width=8, seed=0)
         >>> mlp(torch.zeros(3, 5)).shape, mlp.net[0].weight.shape
         (torch.Size([3]), torch.Size([8, 5]))
@@ -203,7 +203,7 @@ class FlowRLStats(NamedTuple):
     """0-d diagnostics of the loss (``pg/<name>`` in the trainer's update statistics)."""
 
     log_z: Tensor
-    r"""Mean learned :math:`\log Z_\phi(x)` over the rows."""
+    r"""Mean learned $\log Z_\phi(x)$ over the rows."""
     is_weight_mean: Tensor
     """Mean clipped sequence IS weight."""
     is_clip_frac: Tensor

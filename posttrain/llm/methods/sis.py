@@ -1,23 +1,23 @@
-"""Selective importance sampling in the LLM trainer (spec 16, section 9), with any ratio-based loss.
+"""Selective importance sampling in the LLM trainer (docs: methods/sis.md), with any ratio-based loss.
 
-SIS is a bundle hook, not a trainer: :func:`sis_algorithm` (``algorithm.method: sis``, options
+SIS is a bundle hook, not a trainer: `sis_algorithm` (``algorithm.method: sis``, options
 ``base`` and ``top_k``) is a method preset's bundle (``base``, default GRPO) plus a
-``before_update`` hook (:func:`sis_before_update`) that the loop calls before every optimizer step:
+``before_update`` hook (`sis_before_update`) that the loop calls before every optimizer step:
 
 - at a batch's first update the policy is still the behaviour policy: one no-grad forward stores
   the behaviour top-K token ids and log-probs at every response position (``[B, T, K]``) as the
   hook's explicit state;
 - at every update, one no-grad forward of the current policy gives its log-probs of the sampled
   tokens and at the behaviour top-K ids; the rejection test as released
-  (:func:`~posttrain.estimators.sis.sis_rejection_test` without the top-K membership rule: a token
-  outside the behaviour's top-K is accepted with probability :math:`\\min(1, \\rho/M)` like any other;
+  (`sis_rejection_test` without the top-K membership rule: a token
+  outside the behaviour's top-K is accepted with probability $\\min(1, \\rho/M)$ like any other;
   fresh uniforms in the log-probs' dtype, float32 or wider, from the update's seed) decides which
-  tokens are accepted, and the update's ``logp_old`` is :func:`~posttrain.estimators.sis.sis_logp_old`
+  tokens are accepted, and the update's ``logp_old`` is `sis_logp_old`
   (the current log-prob on accepted tokens). The bundle's own loss then sees a ratio of 1 with
-  gradient :math:`\\nabla\\log\\pi_\\theta` on accepted tokens and the ordinary ratio on rejected ones:
+  gradient $\\nabla\\log\\pi_\\theta$ on accepted tokens and the ordinary ratio on rejected ones:
   for PPO-clip this is GRPO + SIS exactly as released. For GSPO it is the earlier reconstruction
   (the sequence ratio averaged over all tokens, every token clipped), not the released GSPO + SIS
-  (:func:`~posttrain.estimators.sis.sis_gspo_loss`, sequence ratio over the rejected tokens, accepted
+  (`sis_gspo_loss`, sequence ratio over the rejected tokens, accepted
   ones unclipped), which needs the accepted mask inside the loss.
 
 Cost: one extra forward per optimizer step (logits of the response positions only). With
@@ -25,7 +25,7 @@ micro-batching the gradient forward may differ from the no-grad one in the last 
 accepted token's ratio is 1 up to rounding (always inside any clip range). Logged:
 ``sis/accept_rate`` and ``sis/d_orig``, ``sis/d_sis`` (the released per-response mean absolute
 log-ratio, rejected tokens' clipped to the PPO range 0.2 / 0.2:
-:func:`~posttrain.estimators.sis.sis_divergence`), averaged over the step's updates.
+`sis_divergence`), averaged over the step's updates.
 """
 
 from __future__ import annotations

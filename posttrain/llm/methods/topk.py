@@ -1,23 +1,23 @@
-r"""Fillers of the top-K batch fields (OPD², spec 13): the student's support and three models' log-probs on it.
+r"""Fillers of the top-K batch fields (OPD², docs: methods/opd2.md): the student's support and three models' log-probs on it.
 
 A method that needs ``[B, T, K]`` log-probs (``opd2``) declares ``topk_ids``, ``topk_logp_old``,
-``topk_logp_teacher`` and ``topk_logp_ref``; :func:`~posttrain.llm.run.build_trainer` maps them to the
+``topk_logp_teacher`` and ``topk_logp_ref``; `build_trainer` maps them to the
 callables here and the trainer calls them under ``torch.no_grad`` like any other filler. Every model
-runs one batched forward over prompt + response (:func:`~posttrain.llm.rollout.logprobs.vocab_log_softmax`),
-takes the full-vocabulary :math:`\log\mathrm{softmax}(z/\tau)` at the rollout temperature (float32 or
+runs one batched forward over prompt + response (`vocab_log_softmax`),
+takes the full-vocabulary $\log\mathrm{softmax}(z/\tau)$ at the rollout temperature (float32 or
 wider) and gathers the K support columns:
 
 - the student (the policy being trained, at fill time = before the step's updates, i.e. the
   behaviour policy up to the engine/trainer mismatch the trainer logs as ``logp_gap``): its top-K ids
-  with the sampled id forced in (:func:`~posttrain.estimators.delta_distill.topk_support`) and its
-  log-probs on them, both from **one** forward (:class:`StudentTopK`);
+  with the sampled id forced in (`topk_support`) and its
+  log-probs on them, both from **one** forward (`StudentTopK`);
 - the teacher (``model.teacher``) and the teacher-base (``model.reference``, the model of ``logp_ref``):
-  one forward each (:func:`topk_logp_filler`).
+  one forward each (`topk_logp_filler`).
 
 The trainer fills needs in sorted order, so ``topk_ids`` comes before the ``topk_logp_*`` fields;
 a ``topk_logp_*`` filler raises if the support is missing. Simplification: the ``[B, T, V]``
 log-softmax of a whole batch is materialised at once (as in the trainer's own log-prob pass), not
-chunked over tokens as spec 13 recommends for V ~ 150k.
+chunked over tokens as docs: methods/opd2.md recommends for V ~ 150k.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def _support(batch: RolloutBatch, field: str) -> Tensor:
 class StudentTopK:
     """The ``topk_ids`` and ``topk_logp_old`` fillers of the policy, sharing one forward.
 
-    :meth:`ids` runs the forward, keeps the log-probs it gathered on the support it returns, and
-    :meth:`logp` hands them out when asked for that very ``topk_ids`` tensor (a one-entry memo keyed by
+    `ids` runs the forward, keeps the log-probs it gathered on the support it returns, and
+    `logp` hands them out when asked for that very ``topk_ids`` tensor (a one-entry memo keyed by
     tensor identity, cleared on use); for any other support it runs its own forward.
 
     Args:

@@ -55,21 +55,21 @@ class RolloutBatch:
         logp_teacher: ``[B, T]`` teacher-model log-probs, or None.
         advantages: ``[B, T]`` per-token advantages once computed, or None.
         topk_ids: ``[B, T, K]`` integer ids of the student's top-K support per position (the sampled id
-            among them, :func:`~posttrain.estimators.delta_distill.topk_support`), or None.
+            among them, `topk_support`), or None.
         topk_logp_old, topk_logp_ref, topk_logp_teacher: ``[B, T, K]`` full-vocabulary log-probs of the
             ``topk_ids`` under the behaviour policy, the reference (teacher-base) and the teacher, or None.
         prompt_features: ``[B, H]`` float features of each row's prompt (FlowRL's log-partition input: the
             mean of the prompt's last hidden states), or None.
         judged: ``[B]`` boolean, False where the reward could not be computed (a verifier's verdict not
             reached; ``rewards`` holds a finite placeholder there), or None (all judged). A group with an
-            unjudged sample is left out of the loss (:meth:`loss_mask`): its advantages depend on every
+            unjudged sample is left out of the loss (`loss_mask`): its advantages depend on every
             reward of the group.
 
     Raises:
         ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
         DomainError: non-finite rewards or log-probs on valid tokens, a row with no prompt token.
 
-    Example:
+    Examples:
         >>> b = RolloutBatch(
         ...     prompt_ids=torch.ones(4, 3, dtype=torch.long), prompt_mask=torch.ones(4, 3, dtype=torch.bool),
         ...     response_ids=torch.ones(4, 2, dtype=torch.long), mask=torch.ones(4, 2, dtype=torch.bool),

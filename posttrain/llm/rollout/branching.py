@@ -1,8 +1,8 @@
-"""RAIL in the LLM trainer (spec 11, section 9): branch continuations from a chosen prefix of a base rollout.
+"""RAIL in the LLM trainer (docs: methods/rail.md): branch continuations from a chosen prefix of a base rollout.
 
-:class:`BranchingStage` is a :class:`~posttrain.llm.rollout.stages.RolloutStage` (``rollout.branching`` in the
-config). Per prompt the loop samples ``K - b`` base responses (:meth:`~BranchingStage.fresh_samples`);
-every prefix of depth 1..L-1 of a base response is a candidate state with the features of spec 11
+`BranchingStage` is a `RolloutStage` (``rollout.branching`` in the
+config). Per prompt the loop samples ``K - b`` base responses (`fresh_samples`);
+every prefix of depth 1..L-1 of a base response is a candidate state with the features of the paper (docs: methods/rail.md)
 §7b (depth, normalised next-token entropy from the policy's forward, the base response's reward,
 the group mean, training progress, saturation); one state is chosen (shadow phase: uniformly at
 random; live: the recoverability controller's argmax behind the gate ``kappa`` with ``explore``
@@ -11,8 +11,8 @@ continuations are generated from ``prompt + prefix`` **through the rollout Proto
 just a longer prompt). A gated-out prompt gets ``b`` ordinary samples instead (branching at the
 root), so every group has K responses. Branch rows are ``prefix + continuation`` with behaviour
 log-probs ``base[:d] + engine``; the realised gains
-(:func:`~posttrain.estimators.rail.recoverability_gain`) refit the controller
-(:func:`~posttrain.estimators.rail.controller_update`) in the same step. The update is the
+(`recoverability_gain`) refit the controller
+(`controller_update`) in the same step. The update is the
 algorithm's usual loss on the reshaped groups.
 
 State (checkpointed): the controller's traces and coefficients and the stage's random generator.
@@ -52,7 +52,7 @@ NUM_FEATURES = 7
 
 @dataclass(frozen=True)
 class BranchingConfig:
-    """``rollout.branching``: RAIL branch continuations from a chosen prefix (spec 11; :mod:`posttrain.llm.rollout.branching`).
+    """``rollout.branching``: RAIL branch continuations from a chosen prefix (docs: methods/rail.md; `posttrain.llm.rollout.branching`).
 
     ``branches``: b continuations per prompt (``1 <= b < group_size``); ``shadow_steps``: steps with
     random states; ``kappa``: gate on the predicted gain; ``explore``: probability of a random state;
@@ -75,7 +75,7 @@ class BranchingStage:
     """Groups of ``K - b`` base responses plus ``b`` continuations branched from one chosen prefix per prompt.
 
     Args:
-        cfg: the stage's options (:class:`BranchingConfig`).
+        cfg: the stage's options (`BranchingConfig`).
         group_size: K, responses per prompt. max_new_tokens: the response limit.
         vocab_size: normalises the entropy feature. seed: the run seed (the exploration coin).
         world: data-parallel world size (must be 1).

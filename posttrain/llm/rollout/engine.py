@@ -1,12 +1,12 @@
 """Rollout engines behind one Protocol, their sampling options and prompt padding.
 
 An engine turns G prompts (token id lists) into B = G*K sampled responses with the behaviour
-log-prob of every sampled token. Two implementations: :class:`HFEngine` (the transformers model's
+log-prob of every sampled token. Two implementations: `HFEngine` (the transformers model's
 forward with its KV cache in a batched sampling loop that draws what ``model.generate`` draws) here
-and ``VLLMEngine`` in :mod:`posttrain.llm.rollout.vllm`.
+and ``VLLMEngine`` in `posttrain.llm.rollout.vllm`.
 
-Log-prob convention (both engines and :func:`~posttrain.llm.rollout.logprobs.token_logprobs`): the log-softmax of the
-temperature-scaled logits over the full vocabulary, :math:`\\log\\mathrm{softmax}(z/\\tau)_{y_t}`.
+Log-prob convention (both engines and `token_logprobs`): the log-softmax of the
+temperature-scaled logits over the full vocabulary, $\\log\\mathrm{softmax}(z/\\tau)_{y_t}$.
 With ``top_p < 1`` or ``top_k > 0`` the sampler draws from a truncated distribution; the
 log-probs stay the full-vocabulary ones (vLLM's ``processed_logprobs`` instead renormalises over
 the kept tokens), so keep ``top_p = 1, top_k = 0`` when the importance ratio must be exact.
@@ -14,7 +14,6 @@ the kept tokens), so keep ``top_p = 1, top_k = 0`` when the importance ratio mus
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,7 +89,7 @@ class RolloutEngine(Protocol):
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor, "G P"], Bool[Tensor, "G P"]]:
     """Left-pad token id lists into ``([G, P] ids, [G, P] mask)``.
 
-    Example:
+    Examples:
         >>> ids, m = left_pad([[5, 6], [7]], pad_id=0)
         >>> ids.tolist(), m.tolist()
         ([[5, 6], [0, 7]], [[True, True], [False, True]])
@@ -109,7 +108,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor,
 def response_mask(response_ids: Int[Tensor, "B T"], eos_id: int) -> Bool[Tensor, "B T"]:
     """True up to and including the first ``eos_id`` of each row (the whole row if there is none).
 
-    Example:
+    Examples:
         >>> response_mask(torch.tensor([[5, 3, 0], [5, 6, 7]]), eos_id=3).tolist()
         [[True, True, False], [True, True, True]]
     """
@@ -125,7 +124,7 @@ def _truncated(z: Float[Tensor, "B V"], *, top_k: int, top_p: float) -> Float[Te
     ``1 - top_p``, never empty), so sampling equals ``model.generate``'s for the same seed.
     ``top_k = 0`` and ``top_p = 1`` cut nothing.
 
-    Example:
+    Examples:
         >>> _truncated(torch.tensor([[0.0, 1.0, 2.0]]), top_k=2, top_p=1.0).tolist()
         [[-inf, 1.0, 2.0]]
     """
@@ -140,15 +139,20 @@ def _truncated(z: Float[Tensor, "B V"], *, top_k: int, top_p: float) -> Float[Te
     return z
 
 
-@functools.cache
-def _cache_keyword_of(model_type: type) -> str:
-    """``cache`` where the model's ``forward`` names it (transformers >= 5.2x), else ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+_CACHE_KEYWORDS: dict[type, str] = {}
 
 
 def _cache_keyword(model: Any) -> str:
-    """The keyword passing a KV cache to ``model``'s forward (inspected once per model class)."""
-    return _cache_keyword_of(type(model))
+    """The keyword passing a KV cache to ``model``'s forward, inspected once per model class.
+
+    ``cache`` where the forward names it (transformers 5.2x, which deprecates ``past_key_values``),
+    else ``past_key_values`` (earlier releases have no ``cache`` argument).
+    """
+    kind = type(model)
+    if kind not in _CACHE_KEYWORDS:
+        params = inspect.signature(model.forward).parameters
+        _CACHE_KEYWORDS[kind] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KEYWORDS[kind]
 
 
 class HFEngine:
@@ -163,7 +167,7 @@ class HFEngine:
     model's ``generation_config`` (a checkpoint's default repetition penalty or top-p would change
     the sampling distribution behind the trainer's back). ``greedy`` takes the argmax. Log-probs and
     sampling use the model's precision, at least float32 (``generate`` rounds float64 logits to
-    float32), so a float64 model's behaviour log-probs match :func:`~posttrain.llm.rollout.logprobs.token_logprobs` to float64 precision.
+    float32), so a float64 model's behaviour log-probs match `token_logprobs` to float64 precision.
 
     Sampling noise comes from a ``torch.Generator`` seeded with ``seed`` (a call is reproducible and
     leaves the global RNG untouched). It runs under ``torch.inference_mode`` (no autograd bookkeeping
@@ -213,7 +217,7 @@ class HFEngine:
     def _sample(
         self, ids: Int[Tensor, "B P"], pmask: Bool[Tensor, "B P"], generator: torch.Generator, *, greedy: bool
     ) -> tuple[Int[Tensor, "B T"], Float[Tensor, "B T"]]:
-        """Token ids and log-probs :math:`\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}` of up to ``max_new_tokens`` steps."""
+        """Token ids and log-probs $\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}$ of up to ``max_new_tokens`` steps."""
         from transformers import DynamicCache
 
         s, rows = self.sampling, ids.shape[0]

@@ -2,13 +2,13 @@ r"""Log-probs of response tokens under a model: one forward over prompt + respon
 
 Every log-prob the trainer, the rollout stages and the method fillers recompute goes through here, so
 they share one convention: the log-softmax of the temperature-scaled logits over the full
-vocabulary, :math:`\log\mathrm{softmax}(z_t/\tau)`, computed in float32 or wider
-(:func:`widened`), with position ids that skip left padding (:func:`position_ids`).
+vocabulary, $\log\mathrm{softmax}(z_t/\tau)$, computed in float32 or wider
+(`widened`), with position ids that skip left padding (`position_ids`).
 
-The sampled-token log-prob and the entropy (:func:`sampled_logprobs`) never build the
+The sampled-token log-prob and the entropy (`sampled_logprobs`) never build the
 ``[B, T, V]`` float32 log-softmax: blocks of at most ``chunk`` positions are widened, and each
-gives :math:`\log\pi_t(y_t) = z_{t,y_t}/\tau - \operatorname{logsumexp}_v z_{t,v}/\tau` and
-:math:`H_t = -\sum_v \pi_t(v)\log\pi_t(v)`. Backward
+gives $\log\pi_t(y_t) = z_{t,y_t}/\tau - \operatorname{logsumexp}_v z_{t,v}/\tau$ and
+$H_t = -\sum_v \pi_t(v)\log\pi_t(v)$. Backward
 recomputes each block's softmax from the saved logsumexp, so autograd keeps only the logits
 themselves (the model's output) and two ``[B, T]`` vectors: the extra memory is one block,
 ``chunk x V`` float32, whatever ``B x T``.
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 CHUNK_POSITIONS = 256
-"""Positions widened at once by :func:`sampled_logprobs` (``256 x 151,936`` float32 is 156 MB)."""
+"""Positions widened at once by `sampled_logprobs` (``256 x 151,936`` float32 is 156 MB)."""
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -62,12 +62,13 @@ def _blocks(rows: int, length: int, chunk: int) -> Iterator[tuple[slice, slice]]
                 yield slice(b, b + 1), slice(t, min(t + chunk, length))
 
 
-def _block_stats(z: Tensor) -> tuple[Tensor, Tensor]:
-    """Logsumexp ``[..]`` and entropy ``[..]`` of widened, scaled logits ``z [.., V]``."""
+def _scaled_log_softmax(block: Tensor, wide: torch.dtype, tau: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(z, lse [..], lse [.., 1])`` of one block: ``z`` a fresh widened copy scaled by ``1/tau`` (callers may overwrite it)."""
+    z = block.to(wide, copy=True)
+    if tau != 1.0:
+        z.div_(tau)
     lse = torch.logsumexp(z, dim=-1)
-    logq = z - lse.unsqueeze(-1)
-    plogq = torch.where(torch.isfinite(logq), logq.exp() * logq, torch.zeros((), dtype=z.dtype, device=z.device))
-    return lse, -plogq.sum(-1)  # -inf logits add 0
+    return z, lse, lse.unsqueeze(-1)
 
 
 class _SampledLogprobs(torch.autograd.Function):
@@ -79,15 +80,16 @@ class _SampledLogprobs(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         rows, t = targets.shape
         wide = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+        low = torch.finfo(wide).min
         logp = torch.empty(rows, t, dtype=wide, device=logits.device)
         entropy = torch.empty_like(logp)
         lse = torch.empty_like(logp)
-        with torch.no_grad():
-            for rb, tb in _blocks(rows, t, chunk):
-                z = widened(logits[rb, tb]) / temperature
-                block_lse, h = _block_stats(z)
-                lse[rb, tb], entropy[rb, tb] = block_lse, h
-                logp[rb, tb] = z.gather(-1, targets[rb, tb].unsqueeze(-1)).squeeze(-1) - block_lse
+        for rb, tb in _blocks(rows, t, chunk):
+            z, block_lse, lse_col = _scaled_log_softmax(logits[rb, tb], wide, temperature)
+            lse[rb, tb] = block_lse
+            logp[rb, tb] = z.gather(-1, targets[rb, tb].unsqueeze(-1)).squeeze(-1) - block_lse
+            logq = z.sub_(lse_col).clamp_(min=low)  # in place: z is not needed any more
+            entropy[rb, tb] = -(logq.exp() * logq).sum(-1)  # -inf logits add 0
         ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         if not entropy_grad:
@@ -99,22 +101,25 @@ class _SampledLogprobs(torch.autograd.Function):
     def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         logits, targets, lse, entropy = ctx.saved_tensors
         tau = ctx.temperature
+        wide = lse.dtype
+        low = torch.finfo(wide).min
         grad = torch.zeros_like(logits)  # positions past T (the model's extra last one) get 0
         rows, t = targets.shape
+        if g_logp is None:
+            g_logp = torch.zeros_like(lse)
         for rb, tb in _blocks(rows, t, ctx.chunk):
-            z = widened(logits[rb, tb]) / tau
-            p = torch.exp(z - lse[rb, tb].unsqueeze(-1))
-            gz = torch.zeros_like(z)
-            if g_logp is not None:
-                gl = g_logp[rb, tb]
-                gz = gz - p * gl.unsqueeze(-1)
-                gz.scatter_add_(-1, targets[rb, tb].unsqueeze(-1), gl.unsqueeze(-1))
-            if g_ent is not None:  # dH/dz_v = -p_v (log p_v + H)
-                logq = torch.where(
-                    p > 0, z - lse[rb, tb].unsqueeze(-1), torch.zeros((), dtype=z.dtype, device=z.device)
-                )
-                gz = gz - p * (logq + entropy[rb, tb].unsqueeze(-1)) * g_ent[rb, tb].unsqueeze(-1)
-            grad[rb, tb] = (gz / tau).to(logits.dtype)
+            gl = g_logp[rb, tb].unsqueeze(-1)
+            z, _, lse_col = _scaled_log_softmax(logits[rb, tb], wide, tau)
+            if g_ent is None:  # d logp_y / dz_v = 1[v = y] - p_v
+                gz = z.sub_(lse_col).exp_().mul_(gl.neg())
+            else:  # and dH/dz_v = -p_v (log p_v + H): gz = -p (g_logp + g_H (log p + H))
+                logq = z.sub_(lse_col).clamp_(min=low)
+                p = logq.exp()
+                gz = logq.add_(entropy[rb, tb].unsqueeze(-1)).mul_(g_ent[rb, tb].unsqueeze(-1)).add_(gl).mul_(p).neg_()
+            gz.scatter_add_(-1, targets[rb, tb].unsqueeze(-1), gl)
+            if tau != 1.0:
+                gz.div_(tau)
+            grad[rb, tb] = gz
         return grad, None, None, None, None
 
 
@@ -127,7 +132,7 @@ def sampled_logprobs(
     entropy_grad: bool = False,
     chunk: int = CHUNK_POSITIONS,
 ) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"] | None]:
-    r"""Log-probs :math:`\log\mathrm{softmax}(z_t/\tau)_{y_t}` of ``targets`` and entropies, in blocks over positions.
+    r"""Log-probs $\log\mathrm{softmax}(z_t/\tau)_{y_t}$ of ``targets`` and entropies, in blocks over positions.
 
     Position ``t < T`` of ``logits`` predicts ``targets[:, t]`` (``L >= T``: later positions are
     ignored and get zero gradient, so the model's output can be passed without slicing a copy).
@@ -137,8 +142,8 @@ def sampled_logprobs(
     Args:
         logits: ``[B, L, V]`` raw (unscaled) logits, any float dtype.
         targets: ``[B, T]`` token ids, ``T <= L``.
-        temperature: :math:`\tau > 0`.
-        with_entropy: also return :math:`H_t = -\sum_v \pi_t(v)\log\pi_t(v)`.
+        temperature: $\tau > 0$.
+        with_entropy: also return $H_t = -\sum_v \pi_t(v)\log\pi_t(v)$.
         entropy_grad: let gradient flow through the entropy (only when it is in the loss; a logged
             entropy is detached).
         chunk: positions per block, positive.
@@ -189,7 +194,7 @@ def response_logits(
     *,
     temperature: float = 1.0,
 ) -> Float[Tensor, "B T V"]:
-    r"""Temperature-scaled logits :math:`z_t/\tau` predicting each response token (float32 or wider), one forward.
+    r"""Temperature-scaled logits $z_t/\tau$ predicting each response token (float32 or wider), one forward.
 
     Only the ``T + 1`` last positions get logits (``logits_to_keep``), so the prompt costs no
     ``V``-sized memory; gradient flows when called outside ``torch.no_grad``.
@@ -209,11 +214,11 @@ def token_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"] | None]:
-    r"""Log-probs :math:`\log\mathrm{softmax}(z_t/\tau)_{y_t}` of the response tokens under ``model``, one forward.
+    r"""Log-probs $\log\mathrm{softmax}(z_t/\tau)_{y_t}$ of the response tokens under ``model``, one forward.
 
     Gradient flows into ``logp`` when called outside ``torch.no_grad``, into the entropy only with
     ``entropy_grad`` (when it is in the loss). Only the ``T + 1`` last positions get logits, and
-    the log-softmax is never built over ``[B, T, V]`` (see :func:`sampled_logprobs`).
+    the log-softmax is never built over ``[B, T, V]`` (see `sampled_logprobs`).
 
     Returns:
         ``(logp [B, T], entropy [B, T] or None)``; both are 0 off the mask.
@@ -229,7 +234,7 @@ def token_logprobs(
 
 
 def vocab_log_softmax(model: Any, batch: RolloutBatch, *, temperature: float) -> Float[Tensor, "B T V"]:
-    """Full-vocabulary log-probs :math:`\\log\\mathrm{softmax}(z_t/\\tau)` at every response position, one forward."""
+    """Full-vocabulary log-probs $\\log\\mathrm{softmax}(z_t/\\tau)$ at every response position, one forward."""
     logits = response_logits(
         model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, temperature=temperature
     )

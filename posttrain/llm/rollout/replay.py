@@ -1,16 +1,16 @@
-"""Headroom-Drift Replay in the LLM trainer (spec 02, section 9): stored GRPO groups join the fresh batch.
+"""Headroom-Drift Replay in the LLM trainer (docs: methods/hdr.md): stored GRPO groups join the fresh batch.
 
-:class:`ReplayStage` is a :class:`~posttrain.llm.rollout.stages.RolloutStage` (``rollout.replay`` in the config):
+`ReplayStage` is a `RolloutStage` (``rollout.replay`` in the config):
 
 1. the fresh batch is generated and scored exactly as on-policy (same prompts, same seeds: replay
    uses no random numbers);
-2. :meth:`~ReplayStage.after_rollout`: one teacher-forced pass (no grad) gives the current log-probs
+2. `after_rollout`: one teacher-forced pass (no grad) gives the current log-probs
    of every stored response; the buffer is ranked, gated and refreshed by
-   :func:`posttrain.estimators.replay.replay_select`; the admitted groups are appended to the fresh
-   batch with their stored behaviour log-probs as ``logp_old`` (spec 02 §10.1). The loop then fills
+   `posttrain.estimators.replay.replay_select`; the admitted groups are appended to the fresh
+   batch with their stored behaviour log-probs as ``logp_old`` (docs: methods/hdr.md). The loop then fills
    the method's advantages (for GRPO equal to the stored ones: they depend on the group's rewards
    only) and needed fields on the mixed batch;
-3. :meth:`~ReplayStage.after_update`: the step's mixed-outcome fresh groups enter the FIFO buffer
+3. `after_update`: the step's mixed-outcome fresh groups enter the FIFO buffer
    with their advantages (ingress after the update: no same-step replay).
 
 The state (buffer tensors, the stored prompts, the next group id) is explicit and checkpointed.
@@ -23,7 +23,7 @@ is the rollout engine's log-prob (equal to the trainer's numerics for the HF eng
 Data parallel: the buffer is per rank. Under DDP each rank stores its own fresh groups and replays its
 own, so ranks may replay different numbers of groups and run different numbers of micro-batch forwards
 per update; this is safe because the DDP forward is no collective
-(:func:`~posttrain.llm.train.parallel.wrap_model` turns off its buffer sync), the gradients are all-reduced
+(`wrap_model` turns off its buffer sync), the gradients are all-reduced
 once per update (after each rank's last micro-batch) and the trainer's all-reduces (loss normaliser,
 FLOPs) run once per update / step on every rank. The gating pass uses the unwrapped policy. Tested
 (``tests/llm/test_distributed.py``): 2 gloo ranks, micro-batches of one group, rank 0 replaying groups
@@ -60,7 +60,7 @@ def _pad_left(x: Tensor, width: int, value: float | int | bool) -> Tensor:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """``rollout.replay``: Headroom-Drift Replay of stored groups (spec 02; :mod:`posttrain.llm.rollout.replay`).
+    """``rollout.replay``: Headroom-Drift Replay of stored groups (docs: methods/hdr.md; `posttrain.llm.rollout.replay`).
 
     ``rule``: a name in ``registry("replay")``; ``k_rep``: groups replayed per step (0: on-policy);
     ``tau``: drift gate; ``capacity``: buffer size (groups); ``success_threshold``: ingress

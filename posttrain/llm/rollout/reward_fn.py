@@ -1,6 +1,6 @@
 """A custom reward function named ``"module:function"`` in the config (``data.reward``), TRL's signature.
 
-The function is called once per rollout batch as TRL's ``GRPOTrainer`` calls a reward function::
+The function is called once per rollout batch as TRL's ``GRPOTrainer`` calls a reward function:
 
     f(prompts=[...], completions=[...], answer=[...], **columns) -> list[float | None]
 
@@ -61,7 +61,7 @@ def load_reward_function(spec: str, where: str = "data.reward") -> Callable[...,
 
 @dataclass(frozen=True)
 class RewardFunctionTask:
-    """``task``'s problems and solutions, scored by ``fn`` in batches (:meth:`rewards`)."""
+    """``task``'s problems and solutions, scored by ``fn`` in batches (`rewards`)."""
 
     task: Task
     fn: Callable[..., Any]

@@ -3,19 +3,19 @@
 A stage changes what the loop trains on without the loop knowing which method it is: the loop
 calls every stage in order at the same points of every step and merges the metrics they return.
 
-1. before generation, :meth:`RolloutStage.fresh_samples` says how many responses per prompt the
+1. before generation, `RolloutStage.fresh_samples` says how many responses per prompt the
    engine samples for the stage to hand on ``group_size`` (RAIL samples ``K - b`` and adds ``b``
    branches; replay samples all ``K``);
 2. after the fresh responses are scored (raw batch: rewards and behaviour log-probs, nothing else),
-   :meth:`RolloutStage.after_rollout` may extend or replace the batch (replayed groups, branch
+   `RolloutStage.after_rollout` may extend or replace the batch (replayed groups, branch
    continuations) and returns its metrics; the loop then fills the algorithm's needs and the
    advantages once, on the final batch;
-3. after the step's optimizer updates, :meth:`RolloutStage.after_update` sees the prepared batch
+3. after the step's optimizer updates, `RolloutStage.after_update` sees the prepared batch
    (e.g. replay ingress of the fresh groups).
 
 A stage's state is explicit (``state_dict``/``load_state_dict`` of plain tensors and Python
 values, checkpointed by the trainer with the optimizer). Stages are built from the config at the
-edge (:func:`posttrain.llm.run.build_stages`, from ``rollout.replay`` and ``rollout.branching``).
+edge (`posttrain.llm.run.build_stages`, from ``rollout.replay`` and ``rollout.branching``).
 """
 
 from __future__ import annotations
@@ -79,5 +79,5 @@ class RolloutStage(Protocol):
         ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output."""
+        """Restore `state_dict`'s output."""
         ...

@@ -1,9 +1,9 @@
 """Synthetic verifiable tasks that know their exact answers, plus a JSONL task for real data.
 
-Each task samples :class:`Problem`s from an explicit ``random.Random``, scores a completion
+Each task samples `Problem`s from an explicit ``random.Random``, scores a completion
 (reward in ``[0, 1]``; nothing is executed, expressions are parsed by a 30-line parser), and
 produces a correct reference solution for the supervised warm-up. Prompts and answers use only
-characters of :data:`posttrain.llm.tools.tiny.ALPHABET`.
+characters of `posttrain.llm.tools.tiny.ALPHABET`.
 
 - ``addition``: ``"37+485="`` → ``"522"`` (multi-digit arithmetic, one answer).
 - ``countdown``: ``"3,5,7>22:"`` → an expression over + - * using each number exactly once that
@@ -14,7 +14,7 @@ characters of :data:`posttrain.llm.tools.tiny.ALPHABET`.
 - ``chat_addition``: ``"What is 37+48? Answer with just the number."`` → a reply whose last number
   is 85: a question in words for pretrained chat models (not limited to the tiny alphabet).
 
-Tasks are registered under ``registry("task")``; :func:`make_task` builds one by name.
+Tasks are registered under ``registry("task")``; `make_task` builds one by name.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def evaluate_expression(text: str, *, max_len: int = 64) -> tuple[int, list[int]
     Returns None for anything else (other characters, a dangling operator, too long). Never
     evaluates code: a tokeniser and one pass that folds products before sums.
 
-    Example:
+    Examples:
         >>> evaluate_expression("3*5+7"), evaluate_expression("2+3*4-1"), evaluate_expression("2+")
         ((22, [3, 5, 7]), (13, [2, 3, 4, 1]), None)
     """

@@ -56,7 +56,7 @@ def score_responses(
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Int[Tensor, "B T"], Bool[Tensor, "B T"]]:
     """Right-pad token id lists into ``([B, T] ids, [B, T] mask)``.
 
-    Example:
+    Examples:
         >>> ids, m = right_pad([[5, 6], [7]], pad_id=0)
         >>> ids.tolist(), m.tolist()
         ([[5, 6], [7, 0]], [[True, True], [True, False]])

@@ -1,16 +1,16 @@
 """Verifiers: a completion and a gold answer in, a reward in ``[0, 1]`` out; nothing is ever executed.
 
-- :func:`exact_match`: stripped string equality.
-- :func:`numeric_match`: the last number in the completion (a regex, never ``eval``) against the
+- `exact_match`: stripped string equality.
+- `numeric_match`: the last number in the completion (a regex, never ``eval``) against the
   gold number, within a relative/absolute tolerance.
-- :class:`MathVerifier`: Math-Verify (``parse`` + ``verify``) in a separate worker process with
+- `MathVerifier`: Math-Verify (``parse`` + ``verify``) in a separate worker process with
   our own wall-clock deadline. Math-Verify's timeouts use ``SIGALRM``, which only works in the main
   thread; we pass ``parsing_timeout=None, timeout_seconds=None`` and kill the worker when a
   verdict is late. Inputs longer than ``max_chars`` are rejected before parsing.
 
 Digits: only ASCII ``0-9`` are digits, in every verifier and task. A completion with any other
 character that Python calls a digit (``'²'``, ``'①'``, full-width ``'４'``, Arabic-Indic ``'٤'``) scores 0
-(:func:`foreign_digits`); the minus signs U+2212, U+FE63 and U+FF0D read as ``-``.
+(`foreign_digits`); the minus signs U+2212, U+FE63 and U+FF0D read as ``-``.
 
 A verdict that could not be reached (no worker within the budget, a late or dead worker) is
 *unjudged*: ``Verdict.judged`` is False and the reward is NaN, never 0, so a trainer can exclude the
@@ -58,7 +58,7 @@ UNJUDGED = frozenset({"timeout", "unavailable", "worker_died"})
 def foreign_digits(text: str) -> bool:
     """True when ``text`` has a character Python treats as a digit other than ASCII ``0-9`` (rejected everywhere).
 
-    Example:
+    Examples:
         >>> foreign_digits("42"), foreign_digits("４2"), foreign_digits("x²"), foreign_digits("①")
         (False, True, True, True)
     """
@@ -69,7 +69,7 @@ def foreign_digits(text: str) -> bool:
 class Verdict:
     """A reward and how it was reached.
 
-    ``status``: ok, no_answer, too_long, non_ascii_digit, error (judged), or one of :data:`UNJUDGED`
+    ``status``: ok, no_answer, too_long, non_ascii_digit, error (judged), or one of `UNJUDGED`
     (timeout, unavailable, worker_died: reward NaN).
     """
 
@@ -85,9 +85,9 @@ class Verdict:
 def last_number(text: str, *, max_chars: int = 10_000) -> float | None:
     """The last decimal number in ``text`` (regex over ASCII digits; at most ``max_chars`` are scanned), or None.
 
-    None also when the scanned text has a non-ASCII digit (:func:`foreign_digits`); U+2212 reads as ``-``.
+    None also when the scanned text has a non-ASCII digit (`foreign_digits`); U+2212 reads as ``-``.
 
-    Example:
+    Examples:
         >>> last_number("so the answer is -12.5."), last_number("none"), last_number("\u221242"), last_number("４２")
         (-12.5, None, -42.0, None)
     """
@@ -104,7 +104,7 @@ def last_number(text: str, *, max_chars: int = 10_000) -> float | None:
 def exact_match(completion: str, gold: str) -> float:
     """1.0 when the stripped completion equals the stripped gold answer, else 0.0.
 
-    Example:
+    Examples:
         >>> exact_match(" 42 ", "42"), exact_match("42.0", "42")
         (1.0, 0.0)
     """
@@ -114,7 +114,7 @@ def exact_match(completion: str, gold: str) -> float:
 def numeric_match(completion: str, gold: str | float, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> float:
     """1.0 when the last number in ``completion`` is within tolerance of ``gold``, else 0.0.
 
-    Example:
+    Examples:
         >>> numeric_match("x=0.3333333", "0.33333333"), numeric_match("7", "8")
         (1.0, 0.0)
     """
@@ -183,7 +183,7 @@ class _Worker:
 class MathVerifier:
     """Math-Verify with a hard wall-clock deadline per verdict, safe to call from any thread.
 
-    ``workers`` processes import Math-Verify once (:meth:`warm_up`): one serves, the others are
+    ``workers`` processes import Math-Verify once (`warm_up`): one serves, the others are
     warm spares. Each call waits for a ready worker (at most ``ready_budget_s``: after late verdicts
     the replacements are still importing Math-Verify), sends it the pair and waits at most
     ``deadline_s``. A late worker is killed and replaced in the background; the call returns
@@ -263,7 +263,7 @@ class MathVerifier:
         return Verdict(math.nan, "worker_died")
 
     def __call__(self, completion: str, gold: str) -> float:
-        """The verdict's reward: NaN when the verdict was not reached (:attr:`Verdict.judged` False)."""
+        """The verdict's reward: NaN when the verdict was not reached (`Verdict.judged` False)."""
         return self.verdict(completion, gold).reward
 
     def close(self) -> None:

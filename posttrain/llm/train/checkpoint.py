@@ -4,16 +4,16 @@
 ``posttrain eval`` and ``from_pretrained`` load it directly), ``state.pt`` (optimizer,
 scheduler, RNG states, step, data position) and ``checksums.json`` (size and SHA-256 of every file).
 Everything is first written to ``.tmp-step_000010-<pid>/`` in the same directory and renamed with
-``os.replace`` once complete (:func:`posttrain.llm.train.rundir.atomic_directory`), so a process
-killed mid-write leaves only a temporary directory, which :func:`latest_checkpoint` ignores and the
-next save removes. :func:`intact_checkpoint` is the newest checkpoint whose files match their
+``os.replace`` once complete (`posttrain.llm.train.rundir.atomic_directory`), so a process
+killed mid-write leaves only a temporary directory, which `latest_checkpoint` ignores and the
+next save removes. `intact_checkpoint` is the newest checkpoint whose files match their
 checksums; a corrupt one (a flipped byte, a truncated file) is set aside as ``.corrupt-step_*`` with a
 warning and the previous one is used.
 
-:func:`save_training_state` and :func:`load_training_state` add what a trainer needs on top: the
+`save_training_state` and `load_training_state` add what a trainer needs on top: the
 optimizer (under FSDP2 the gathered full weights and full optimizer state, written by rank 0; on
 resume every rank keeps its shards) and the check that the weights match the model;
-:func:`truncate_metrics` drops the ``metrics.jsonl`` rows of steps after a resumed checkpoint.
+`truncate_metrics` drops the ``metrics.jsonl`` rows of steps after a resumed checkpoint.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def set_aside(checkpoint: str | Path, reason: str) -> None:
 
 def intact_checkpoint(root: str | Path, *, set_aside_corrupt: bool = False) -> Path | None:
     """The newest complete checkpoint whose files match ``checksums.json``; newer corrupt ones are skipped with a
-    warning (and renamed by :func:`set_aside` when ``set_aside_corrupt``)."""
+    warning (and renamed by `set_aside` when ``set_aside_corrupt``)."""
     for ckpt in reversed(complete_checkpoints(root)):
         reason = verify_checksums(ckpt)
         if reason is None:

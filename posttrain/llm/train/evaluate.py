@@ -26,10 +26,10 @@ HELD_OUT_OFFSET = 1_000_003
 
 
 def eval_metric_names(ks: Sequence[int] = (1,)) -> list[str]:
-    """The keys of :func:`evaluate`'s result for ``ks`` (the trainer's validation uses ``ks=(1,)``:
+    """The keys of `evaluate`'s result for ``ks`` (the trainer's validation uses ``ks=(1,)``:
     ``logging.eval_metric`` must be one of these).
 
-    Example:
+    Examples:
         >>> eval_metric_names((1, 4))[:4]
         ['pass@1', 'pass@4', 'mean@1', 'mean@4']
     """

@@ -1,16 +1,16 @@
 """Muon for real models: ``torch.optim.Muon`` on hidden matrices and fused ``torch.optim.AdamW`` on the rest.
 
-:class:`MuonWithAdamW` routes hidden 2-D projection matrices to Muon and every other trainable tensor
+`MuonWithAdamW` routes hidden 2-D projection matrices to Muon and every other trainable tensor
 (embeddings, LM head, norms, biases) to AdamW with its own rate, by
-:func:`~posttrain.estimators.optim.route_muon_parameters` (Muon for agentic RL, section 3.1 of the
+`route_muon_parameters` (Muon for agentic RL, section 3.1 of the
 paper's set-up). The steps are torch's own: ``torch.optim.Muon`` (torch >= 2.9; Newton-Schulz in bfloat16,
 the paper's setting) and ``torch.optim.AdamW(fused=True)`` where the device supports it. Where torch's
 Muon has no equivalent (``compute_dtype`` other than bfloat16, ``scale="none"``) the Muon group runs
-:func:`~posttrain.estimators.optim.muon_update`, the pure function the toys use. Both give the update
-:math:`\\Delta W = -\\eta\\lambda W - \\eta\\, s(m, n)\\, \\mathrm{NS}_5(U)` (see ``muon_update``).
+`muon_update`, the pure function the toys use. Both give the update
+$\\Delta W = -\\eta\\lambda W - \\eta\\, s(m, n)\\, \\mathrm{NS}_5(U)$ (see ``muon_update``).
 
 After each step ``last_update_rms`` holds the update RMS of each group (``{"muon": ..., "adamw": ...}``,
-:func:`~posttrain.estimators.optim.group_update_rms`'s parameter-weighted quadratic mean), and
+`group_update_rms`'s parameter-weighted quadratic mean), and
 ``last_hidden_rms`` the Muon one, the key Muon-vs-AdamW diagnostic. Measuring it keeps one copy of the
 parameters (``log_update_rms=False`` skips it).
 """
@@ -41,7 +41,7 @@ _TORCH_SCALES = {MuonScale.ORIGINAL: "original", MuonScale.MATCH_RMS_ADAMW: "mat
 
 
 class _PureMuon(torch.optim.Optimizer):
-    """Muon by :func:`~posttrain.estimators.optim.muon_update`, for settings ``torch.optim.Muon`` lacks."""
+    """Muon by `muon_update`, for settings ``torch.optim.Muon`` lacks."""
 
     def __init__(self, params: Sequence[Tensor], *, compute_dtype: torch.dtype | None, **hyper: Any) -> None:
         super().__init__(params, hyper)
@@ -81,7 +81,7 @@ def _fused_supported(params: Sequence[Tensor]) -> bool:
 
 
 def _update_rms(deltas: Sequence[Tensor]) -> Tensor:
-    r""":math:`\sqrt{\sum_\ell \|\Delta_\ell\|^2 / \sum_\ell |\Delta_\ell|}` over tensors of any shape."""
+    r"""$\sqrt{\sum_\ell \|\Delta_\ell\|^2 / \sum_\ell |\Delta_\ell|}$ over tensors of any shape."""
     norms = torch.stack([torch.linalg.vector_norm(d.float()) for d in deltas])
     return torch.linalg.vector_norm(norms) / math.sqrt(sum(d.numel() for d in deltas))
 

@@ -20,7 +20,7 @@ def make_optimizer(
     cfg: RunConfig, model: torch.nn.Module, *, modules: tuple[torch.nn.Module, ...] = ()
 ) -> torch.optim.Optimizer:
     """``torch.optim.<optim.name>(trainable params, lr=optim.lr, **optim.options)`` (AdamW by default), or
-    an optimizer of :data:`MODEL_OPTIMIZERS` built from the model, e.g. ``MuonWithAdamW`` (Muon on hidden
+    an optimizer of `MODEL_OPTIMIZERS` built from the model, e.g. ``MuonWithAdamW`` (Muon on hidden
     matrices, AdamW on the rest; ``options: {adamw_lr: ...}``). The trainable parameters of ``modules``
     (an algorithm's own, e.g. a learned log-partition) form a second parameter group."""
     if cfg.optim.name in MODEL_OPTIMIZERS:

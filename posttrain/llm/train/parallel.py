@@ -7,9 +7,9 @@ gradients and optimizer state and all-gathers one layer at a time in forward and
 
 Both strategies average gradients over ranks (DDP's all-reduce, FSDP2's reduce-scatter divide by
 the world size), so the trainer's ``loss * world`` normalisation is the same for both. Under FSDP2
-parameters and gradients are ``DTensor`` shards: :func:`full_tensor` gathers one,
-:func:`full_state_dict` gathers the model's (collective: every rank calls it). Forward-only models
-(reference, teacher) are sharded the same way by :func:`wrap_frozen`.
+parameters and gradients are ``DTensor`` shards: `full_tensor` gathers one,
+`full_state_dict` gathers the model's (collective: every rank calls it). Forward-only models
+(reference, teacher) are sharded the same way by `wrap_frozen`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def wrap_model(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
     once, at construction, but not the buffers in forward (``broadcast_buffers = False``): a causal LM holds
     no trained buffers (e.g. rotary ``inv_freq`` is a function of the config, equal on every rank), so its
     forwards need no collective and ranks may run different numbers of micro-batch forwards per update
-    (each rank's own replayed groups, :mod:`posttrain.llm.rollout.replay`); gradients are still all-reduced
+    (each rank's own replayed groups, `posttrain.llm.rollout.replay`); gradients are still all-reduced
     once per update. (With the default, DDP broadcasts rank 0's buffers in the first forward after each
     gradient-synchronised one: once per update in torch 2.13, a private detail not relied on.)
     ``fsdp`` applies ``fully_shard`` in place to every decoder layer and then to the root, and returns the
@@ -116,7 +116,7 @@ def set_gradient_sync(model: Any, enabled: bool) -> None:
 
 def gradient_sync(model: Any, enabled: bool) -> contextlib.AbstractContextManager[Any]:
     """Do (``enabled``) or skip the gradient reduction of the backward passes inside: DDP's ``no_sync``
-    when skipping, FSDP2's reduce-scatter switch (:func:`set_gradient_sync`); nothing for a bare model."""
+    when skipping, FSDP2's reduce-scatter switch (`set_gradient_sync`); nothing for a bare model."""
     if is_sharded(model):
         set_gradient_sync(model, enabled)
     elif not enabled and hasattr(model, "no_sync"):
@@ -152,7 +152,7 @@ def _owner(model: Any, modules: tuple[torch.nn.Module, ...]) -> Any:
 def full_optimizer_state(
     model: Any, optimizer: torch.optim.Optimizer, *, modules: tuple[torch.nn.Module, ...] = ()
 ) -> dict[str, Any]:
-    """The unsharded optimizer state on CPU (collective, like :func:`full_state_dict`), including the
+    """The unsharded optimizer state on CPU (collective, like `full_state_dict`), including the
     state of the parameters of ``modules`` (unsharded modules whose parameters the optimizer also holds)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -170,7 +170,7 @@ def load_full_state_dict(model: Any, weights: dict[str, Any]) -> Any:
 def load_full_optimizer_state(
     model: Any, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, modules: tuple[torch.nn.Module, ...] = ()
 ) -> None:
-    """Load a full optimizer state (:func:`full_optimizer_state`'s output, same ``modules``) into a sharded
+    """Load a full optimizer state (`full_optimizer_state`'s output, same ``modules``) into a sharded
     model's optimizer."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -207,8 +207,8 @@ def clip_gradients(
 ) -> float:
     r"""Clip the policy's and an algorithm's own modules' gradients *together* by their global 2-norm.
 
-    :math:`\|g\| = \sqrt{\|g_{policy}\|^2 + \|g_{modules}\|^2}`; when it exceeds ``max_norm`` every
-    gradient is scaled by :math:`\text{max\_norm} / (\|g\| + 10^{-6})` (as ``clip_grad_norm_``). Without
+    $\|g\| = \sqrt{\|g_{policy}\|^2 + \|g_{modules}\|^2}$; when it exceeds ``max_norm`` every
+    gradient is scaled by $\text{max\_norm} / (\|g\| + 10^{-6})$ (as ``clip_grad_norm_``). Without
     modules this is ``clip_grad_norm_`` on the policy. Under FSDP2 the policy's norm is gathered from its
     ``DTensor`` shards (every rank calls this); module gradients are whole on every rank. Returns the norm
     before clipping (NaN when ``max_norm`` is None: nothing is computed).

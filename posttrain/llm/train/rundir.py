@@ -1,12 +1,12 @@
 """A run directory belongs to one run: claiming it, resuming it with a compatible config, atomic files, checksums.
 
-- :func:`check_run_dir` (read only, every rank) refuses a second run in a directory that holds one
-  unless ``resume`` (the config must equal the run's ``config.yaml`` except in :data:`RESUMABLE_KEYS`)
-  or ``overwrite`` (the old run's files are removed by :func:`claim_run_dir`).
-- :func:`atomic_write_text` and :func:`atomic_directory` write a file or a directory under a
+- `check_run_dir` (read only, every rank) refuses a second run in a directory that holds one
+  unless ``resume`` (the config must equal the run's ``config.yaml`` except in `RESUMABLE_KEYS`)
+  or ``overwrite`` (the old run's files are removed by `claim_run_dir`).
+- `atomic_write_text` and `atomic_directory` write a file or a directory under a
   temporary name in the same folder, fsync it and ``os.replace`` it into place: a process killed
   mid-write leaves the previous version (or nothing), never a torn one.
-- :func:`write_checksums` / :func:`verify_checksums`: SHA-256 of every file of a saved directory in
+- `write_checksums` / `verify_checksums`: SHA-256 of every file of a saved directory in
   ``checksums.json``; a flipped byte or a truncated file is found before anything is loaded.
 """
 
@@ -182,7 +182,7 @@ def check_run_dir(out: str | Path, cfg: Any, *, resume: bool, overwrite: bool) -
     Raises:
         RunDirError: ``out`` holds a run and neither ``resume`` nor ``overwrite`` is set; both are set;
             or ``resume`` with a config that differs from the run's ``config.yaml`` outside
-            :data:`RESUMABLE_KEYS` (the message lists the keys and both values).
+            `RESUMABLE_KEYS` (the message lists the keys and both values).
     """
     from posttrain.llm.config import config_from_dict, config_to_dict
 
@@ -216,7 +216,7 @@ def check_run_dir(out: str | Path, cfg: Any, *, resume: bool, overwrite: bool) -
     return changed
 
 
-def config_text(cfg: Any, changes: Mapping[str, tuple[Any, Any]] = (), *, previous: str = "") -> str:
+def config_text(cfg: Any, changes: Mapping[str, tuple[Any, Any]] | None = None, *, previous: str = "") -> str:
     """``config.yaml``: the config, after the comment lines of earlier resumes and one for ``changes``."""
     from posttrain.llm.config import config_to_dict
 
@@ -228,7 +228,7 @@ def config_text(cfg: Any, changes: Mapping[str, tuple[Any, Any]] = (), *, previo
 
 
 def claim_run_dir(out: str | Path, cfg: Any, changes: Mapping[str, tuple[Any, Any]], *, overwrite: bool) -> None:
-    """Rank 0, after :func:`check_run_dir`: remove an overwritten run's files, write ``config.yaml`` atomically
+    """Rank 0, after `check_run_dir`: remove an overwritten run's files, write ``config.yaml`` atomically
     (a resume's changed keys are recorded as a ``# resumed with ...`` comment line at its top)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -242,5 +242,5 @@ def claim_run_dir(out: str | Path, cfg: Any, changes: Mapping[str, tuple[Any, An
 
 
 def warn(message: str) -> None:
-    """A :class:`RunDirWarning` (shown once per message on stderr)."""
+    """A `RunDirWarning` (shown once per message on stderr)."""
     warnings.warn(message, RunDirWarning, stacklevel=3)

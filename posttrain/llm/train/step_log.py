@@ -9,11 +9,11 @@ responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``, ``clip_frac`` and
 engine/trainer mismatch), ``gen_time_s``, ``step_time_s``, the FLOP split, then the metrics of the
 bundle's hook (averaged over the updates) and of the rollout stages.
 
-FLOPs per step (RACE accounting, :func:`posttrain.theory.race_flops.flops_per_step`, arXiv:2607.13389):
+FLOPs per step (RACE accounting, `posttrain.theory.race_flops.flops_per_step`, arXiv:2607.13389):
 ``flops/search``, ``flops/learning``, ``flops/reward``, ``flops/total``, ``flops/p`` from the step's
 actual prompt and response token counts, every rollout trained ``updates_per_batch`` times, a
 reference forward when the algorithm needs ``logp_ref``, a rule verifier (0 reward FLOPs). ``N``
-is :func:`policy_cost`'s count of the model's non-embedding matrices. Not counted: other filled
+is `policy_cost`'s count of the model's non-embedding matrices. Not counted: other filled
 needs (teacher forwards) and extra forwards of hooks and stages (SIS, replay re-scoring, RAIL features).
 """
 

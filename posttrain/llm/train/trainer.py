@@ -1,12 +1,12 @@
 """The RL trainer: one loop, generate -> score -> advantages -> log-probs -> loss -> step -> log.
 
-Everything method-specific lives in the :class:`~posttrain.llm.methods.algorithm.Algorithm` bundle; the loop
+Everything method-specific lives in the `Algorithm` bundle; the loop
 only fills what the bundle declares it needs (``Algorithm.needs``) and calls its callables. The bundle
 of step ``s`` is ``algorithm.at(s, scores)``, a pure function of the step and of the validation scores
 logged so far (``logging.eval_metric`` every ``logging.eval_every`` steps). The bundle's own trainable
 modules (``Algorithm.modules``) join the optimizer; its ``before_update`` hook (e.g. SIS) runs before
 every optimizer step with explicit state threaded through the step's updates. Rollout stages
-(:mod:`posttrain.llm.rollout.stages`: HDR replay, RAIL branching) are called at fixed points of every step.
+(`posttrain.llm.rollout.stages`: HDR replay, RAIL branching) are called at fixed points of every step.
 
 Simplifications (stated, not hidden):
 
@@ -15,14 +15,14 @@ Simplifications (stated, not hidden):
   precision. No mismatch importance weights are applied. No critic.
 - A step is: one rollout batch of G prompts x K samples, then ``updates_per_batch`` optimizer
   steps on the whole batch, each accumulating gradients over micro-batches of whole groups.
-  Its metrics are listed in :mod:`posttrain.llm.train.step_log`.
+  Its metrics are listed in `posttrain.llm.train.step_log`.
 - A reward that could not be computed (NaN from a verifier: no verdict within its budget) is never
   scored 0: its group is left out of the loss (``RolloutBatch.judged`` / ``loss_mask``; the group's K
   rewards become a placeholder 0 so its advantages are finite) and counted in the step's
   ``unjudged`` / ``excluded_groups`` metrics; a step with no judged group makes no optimizer update.
   Rewards computed by rollout stages (RAIL branches) that come back NaN are scored 0 and counted in
   ``unjudged_stage``; stages that rebuild the batch (replay, RAIL) do not carry ``judged`` over.
-- Data-parallel (``torch.distributed``, DDP or FSDP2, :mod:`posttrain.llm.train.parallel`): every rank samples
+- Data-parallel (``torch.distributed``, DDP or FSDP2, `posttrain.llm.train.parallel`): every rank samples
   the same G problems and keeps its contiguous share of the groups; the aggregation normaliser is
   all-reduced so the loss and the averaged gradient equal one process on the global batch.
 """
@@ -69,7 +69,7 @@ Filler = Callable[[RolloutBatch], torch.Tensor]
 
 
 class Trainer:
-    """Owns the model, optimizer, data stream and run directory; :meth:`fit` runs the loop.
+    """Owns the model, optimizer, data stream and run directory; `fit` runs the loop.
 
     Args:
         cfg: the run configuration. model: the policy (an HF causal LM, possibly wrapped in DDP or sharded
@@ -77,7 +77,7 @@ class Trainer:
         engine: the rollout engine. algorithm: the method's callables.
         out_dir: run directory (``metrics.jsonl``, ``checkpoints/``); None writes nothing.
         fillers: how to compute each extra batch field the algorithm may need (``logp_ref``, ...).
-        stages: rollout stages, called in order (:mod:`posttrain.llm.rollout.stages`).
+        stages: rollout stages, called in order (`posttrain.llm.rollout.stages`).
     """
 
     def __init__(
@@ -200,7 +200,7 @@ class Trainer:
         """Backward the aggregated loss over micro-batches; gradients equal those of the full batch.
 
         Each micro-batch's ``aggregate`` is rescaled by ``Z_micro / Z_global`` (see
-        :func:`~posttrain.estimators.aggregate.normaliser`); ``Z_global`` is summed over data-parallel
+        `normaliser`); ``Z_global`` is summed over data-parallel
         ranks and the loss multiplied by the world size, undoing DDP's gradient averaging.
         """
         alg = self.current_algorithm
@@ -373,7 +373,7 @@ class Trainer:
         return history
 
     def evaluate(self, ks: tuple[int, ...] = (1,)) -> dict[str, float]:
-        """Held-out metrics of the current policy (see :func:`posttrain.llm.train.evaluate.evaluate`)."""
+        """Held-out metrics of the current policy (see `posttrain.llm.train.evaluate.evaluate`)."""
         from posttrain.llm.train.evaluate import evaluate
 
         sampling = self.cfg.rollout.sampling()

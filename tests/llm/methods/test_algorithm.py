@@ -125,7 +125,7 @@ def test_trainer_loss_equals_estimators_by_hand(
     assert rewards.std() > 0  # the fake task gives a non-trivial reward table
     adv = broadcast_sequence_advantages(adv_fn(rewards), batch.mask)
     logp, entropy = token_logprobs(
-        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, with_entropy=True
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, with_entropy=True, entropy_grad=True
     )
     assert entropy is not None and batch.logp_old is not None
     tok, _ = loss_fn(logp, batch.logp_old, adv, batch.mask, **loss_kwargs)
