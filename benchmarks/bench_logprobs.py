@@ -62,7 +62,9 @@ def worker(variant: str, b: int, t: int, v: int, dtype: str, repeats: int) -> di
     torch.set_num_threads(1)
     fn = _plain if variant == "plain" else _chunked
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(b, t + 1, v, generator=g).to(getattr(torch, dtype)).requires_grad_(True)
+    logits = torch.randn(b, t + 1, v, generator=g, dtype=getattr(torch, dtype)).requires_grad_(
+        True
+    )  # no wider temporary
     targets = torch.randint(0, v, (b, t), generator=g)
     weights = torch.randn(b, t, generator=g)
     base = _maxrss_bytes()
