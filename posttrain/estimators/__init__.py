@@ -5,6 +5,7 @@ grouped rewards ``[G, K]`` (see `posttrain.shapes`). Every function here is pure
 state, no global RNG, no config objects.
 """
 
+from posttrain.estimators._numerics import zero_off_mask
 from posttrain.estimators._registry import (
     ADVANTAGES,
     KL_ESTIMATORS,
@@ -73,6 +74,7 @@ __all__ = [
     "sequence_log_ratio",
     "straight_through",
     "token_entropy",
+    "zero_off_mask",
 ]
 
 # --- distillation and mixed-signal methods (issue 5: docs: methods/opd_then_rl.md, methods/self_routing.md, methods/orarl.md, methods/open_mopd.md, methods/opd2.md) ---

@@ -12,6 +12,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators._numerics import zero_off_mask
 from posttrain.validate import (
     check_float,
     check_mask,
@@ -60,22 +61,6 @@ def _count(mask: Tensor, dim: int | None, dtype: torch.dtype) -> Tensor:
     return mask.count_nonzero().to(dtype) if dim is None else mask.to(dtype).sum(dim=dim)
 
 
-def _zero_off_mask(values: Tensor, mask: Tensor, *, inplace: bool = False) -> Tensor:
-    """``torch.where(mask, values, 0)``: masked entries exactly 0 whatever they held (NaN, inf).
-
-    On CPU ``where`` with a boolean condition is several times slower than a multiply, so the values
-    are multiplied by the mask (viewed as uint8, no copy) and ``where`` is used only when the
-    product is not finite, i.e. when a masked (or valid) entry is NaN or infinite. The gradient
-    is the mask either way. On other devices (where a host sync would cost more) ``where`` is used.
-    ``inplace=True`` multiplies ``values`` in place: only for a temporary the caller owns.
-    """
-    if values.device.type == "cpu":
-        product = values.mul_(mask.view(torch.uint8)) if inplace else values * mask.view(torch.uint8)
-        if bool(torch.isfinite(product.detach().sum())):
-            return product
-    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
-
-
 def _check_broadcast_mask(mask: Tensor, values: Tensor) -> None:
     check_tensor("mask", mask)
     if mask.dtype != torch.bool:
@@ -98,7 +83,7 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """
     check_float("values", values)
     _check_broadcast_mask(mask, values)
-    masked = _zero_off_mask(values, mask)
+    masked = zero_off_mask(values, mask)
     return masked.sum() if dim is None else masked.sum(dim=dim)
 
 
@@ -137,7 +122,7 @@ def masked_whiten(
     eps = check_positive("eps", eps)
     n = _count(mask, None, values.dtype)
     mean = masked_sum(values, mask) / n.clamp(min=1)
-    centred = _zero_off_mask(values - mean, mask)
+    centred = zero_off_mask(values - mean, mask)
     var = (centred**2).sum() / (n - 1).clamp(min=1)
     return centred * torch.rsqrt(var + eps)
 

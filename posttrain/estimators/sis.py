@@ -41,7 +41,7 @@ from torch import Tensor
 from posttrain.errors import ShapeError
 from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
-from posttrain.estimators.aggregate import _zero_off_mask, masked_mean
+from posttrain.estimators.aggregate import masked_mean
 from posttrain.estimators.losses import (
     GSPO_LOG_RATIO_MAX,
     ClipDiagnostics,
@@ -296,7 +296,7 @@ def sis_divergence(
     lo = math.log(1.0 - clip_low) if clip_low < 1.0 else -math.inf
     hi = math.log1p(check_positive("clip_high", clip_high))
     with torch.no_grad():
-        lr = _zero_off_mask(log_ratio(logp.detach(), logp_old), mask)
+        lr = zero_off_mask(log_ratio(logp.detach(), logp_old), mask)
         length = mask.sum(-1).clamp(min=1).to(lr.dtype)
         d_sis = (lr.clamp(min=lo, max=hi).abs() * (mask & ~accepted)).sum(-1) / length
         d_orig = d_sis + (lr.abs() * (mask & accepted)).sum(-1) / length
@@ -445,7 +445,7 @@ def sis_gspo_loss(
     logp_v = zero_off_mask(logp, mask)  # off-mask NaN/inf reach neither value nor gradient
     rejected = mask & ~accepted
     lr = log_ratio(logp, logp_old)
-    seq_lr = masked_mean(_zero_off_mask(lr.detach(), mask), rejected, dim=-1)  # [B], over rejected tokens only
+    seq_lr = masked_mean(zero_off_mask(lr.detach(), mask), rejected, dim=-1)  # [B], over rejected tokens only
     own = logp_v - logp_v.detach()  # value 0, gradient of log pi
     token_lr = torch.where(accepted, own, (seq_lr.unsqueeze(-1) + own).clamp(max=GSPO_LOG_RATIO_MAX))
     ratio = torch.exp(token_lr)
@@ -457,9 +457,9 @@ def sis_gspo_loss(
 
 def _token_policy_loss(weight: Tensor, logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     """$-A w e^{\\ell - \\mathrm{sg}(\\ell)}$: value $-Aw$, gradient $-Aw\\nabla\\ell$; 0 off mask."""
-    lp = _zero_off_mask(logp, mask)  # masked -inf/NaN would give NaN in exp's gradient (0 * NaN)
-    loss = -(_zero_off_mask(adv, mask) * _zero_off_mask(weight.detach(), mask)) * torch.exp(lp - lp.detach())
-    return _zero_off_mask(loss, mask)
+    lp = zero_off_mask(logp, mask)  # masked -inf/NaN would give NaN in exp's gradient (0 * NaN)
+    loss = -(zero_off_mask(adv, mask) * zero_off_mask(weight.detach(), mask)) * torch.exp(lp - lp.detach())
+    return zero_off_mask(loss, mask)
 
 
 @register_policy_loss("truncated_is", paper="Ionides 2008, truncated importance sampling; Yao et al. 2025 (TIS)")

@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, get_advantage, get_policy_loss
+from posttrain.estimators import AggregationMode, get_advantage, get_policy_loss, zero_off_mask
 from posttrain.estimators.advantages import group_normalized_advantages
 from posttrain.estimators.losses import clipped_ratio_loss
 from posttrain.simulators._base import SeedRNG, ToyEnv
@@ -90,7 +90,7 @@ def aggregate_per_seed(
         [2.0, 2.0]
     """
     m = AggregationMode.parse(mode)
-    masked = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    masked = zero_off_mask(values, mask)
     if m is AggregationMode.TOKEN_MEAN:
         return masked.sum((1, 2)) / mask.count_nonzero((1, 2)).clamp(min=1).to(values.dtype)
     if m is AggregationMode.TOKEN_SUM:

@@ -34,6 +34,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators import zero_off_mask
 from posttrain.simulators._base import Generatorish, Rollout, log_softmax_small, sample_categorical, uniform
 from posttrain.theory.es_coverage import exact_pass_at_k
 from posttrain.validate import check_float, check_tensor
@@ -133,7 +134,7 @@ def token_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"], tokens: 
     nodes = spec.prefix_nodes(tokens).reshape(*lead, g, k * t, 1).expand(*lead, g, k * t, v)
     rows = log_softmax_small(table.gather(-2, nodes))  # only the visited rows: [*s, G, K*T, V]
     out = rows.gather(-1, tokens.reshape(*lead, g, k * t, 1)).reshape(*lead, g, k, t)
-    return torch.where(spec.response_mask(tokens), out, torch.zeros((), dtype=out.dtype))
+    return zero_off_mask(out, spec.response_mask(tokens))
 
 
 def sample_sequences(
@@ -184,7 +185,7 @@ def sequence_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"]) -> Fl
     idx, mask = _enumerated_edges(spec)
     logp_table = torch.log_softmax(table, dim=-1).flatten(-2)  # [*s, G, N*V]
     edges = logp_table[..., idx].unflatten(-1, tuple(mask.shape))  # [*s, G, N_seq, T]
-    return torch.where(mask, edges, torch.zeros((), dtype=edges.dtype)).sum(-1)
+    return zero_off_mask(edges, mask).sum(-1)
 
 
 def boost_sequences(
@@ -198,7 +199,7 @@ def boost_sequences(
     g, c, t = sequences.shape
     idx = (spec.prefix_nodes(sequences) * spec.vocab + sequences).reshape(g, c * t)
     add = torch.as_tensor(amount, dtype=table.dtype).expand(g, c, t).reshape(g, c * t)
-    add = torch.where(spec.response_mask(sequences).reshape(g, c * t), add, torch.zeros((), dtype=table.dtype))
+    add = zero_off_mask(add, spec.response_mask(sequences).reshape(g, c * t))
     flat = table.reshape(g, -1).scatter_add(-1, idx, add)
     return flat.reshape(table.shape)
 

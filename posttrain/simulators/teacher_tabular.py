@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import ShapeError
-from posttrain.estimators import masked_mean
+from posttrain.estimators import masked_mean, zero_off_mask
 from posttrain.simulators._base import SeedRNG
 from posttrain.simulators.tabular import TabularSpec, sample_sequences
 
@@ -93,7 +93,7 @@ def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tens
     Same values as `posttrain.simulators.tabular.token_logp`, via `node_log_probs`.
     """
     logp = node_log_probs(spec, table, tokens).gather(-1, tokens.unsqueeze(-1))[..., 0]
-    return torch.where(spec.response_mask(tokens), logp, torch.zeros((), dtype=logp.dtype))
+    return zero_off_mask(logp, spec.response_mask(tokens))
 
 
 def exact_success(spec: TabularSpec, table: Tensor, correct: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ from posttrain.estimators import (
     get_advantage,
     get_policy_loss,
     masked_mean,
+    zero_off_mask,
 )
 from posttrain.llm.rollout.batch import RolloutBatch
 
@@ -182,7 +183,7 @@ class Algorithm:
             metrics["kl"] = masked_mean(kl.detach(), batch.mask)
         if entropy is not None and self.entropy_coef:
             loss = loss - self.entropy_coef * entropy
-        return torch.where(batch.mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device)), metrics
+        return zero_off_mask(loss, batch.mask), metrics
 
 
 def _sequence_advantage(fn: Callable[..., Tensor], options: Mapping[str, Any]) -> Callable[[RolloutBatch], Tensor]:

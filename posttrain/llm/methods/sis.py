@@ -15,10 +15,11 @@ SIS is a bundle hook, not a trainer: `sis_algorithm` (``algorithm.method: sis``,
   tokens are accepted, and the update's ``logp_old`` is `sis_logp_old`
   (the current log-prob on accepted tokens). The bundle's own loss then sees a ratio of 1 with
   gradient $\\nabla\\log\\pi_\\theta$ on accepted tokens and the ordinary ratio on rejected ones:
-  for PPO-clip this is GRPO + SIS exactly as released. For GSPO it is the earlier reconstruction
-  (the sequence ratio averaged over all tokens, every token clipped), not the released GSPO + SIS
-  (`sis_gspo_loss`, sequence ratio over the rejected tokens, accepted
-  ones unclipped), which needs the accepted mask inside the loss.
+  for PPO-clip this is GRPO + SIS exactly as released. With ``base: gspo`` the hook also hands the
+  accepted mask to the loss (the batch field ``sis_accepted``) and the loss is GSPO + SIS as
+  released (`sis_gspo_loss`: the sequence ratio over the rejected tokens only, accepted tokens
+  ratio 1 and unclipped), not the earlier reconstruction ``gspo_loss(logp, sis_logp_old(...))``,
+  which averaged over all tokens and clipped every one.
 
 Cost: one extra forward per optimizer step (logits of the response positions only). With
 micro-batching the gradient forward may differ from the no-grad one in the last bits, so an
@@ -31,6 +32,7 @@ log-ratio, rejected tokens' clipped to the PPO range 0.2 / 0.2:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,13 +40,13 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import masked_mean
-from posttrain.estimators.sis import sis_divergence, sis_logp_old, sis_rejection_test
+from posttrain.estimators import masked_mean, zero_off_mask
+from posttrain.estimators.sis import sis_divergence, sis_gspo_loss, sis_logp_old, sis_rejection_test
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import vocab_log_softmax
 
-__all__ = ["response_log_probs", "sis_algorithm", "sis_before_update"]
+__all__ = ["released_gspo_sis_loss", "response_log_probs", "sis_algorithm", "sis_before_update"]
 
 
 def response_log_probs(model: Any, batch: RolloutBatch, temperature: float) -> Tensor:
@@ -73,7 +75,7 @@ def sis_before_update(
             state = (top.indices, top.values)
         idx, old_topk = state
         logp = cur.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-        logp = torch.where(batch.mask, logp, torch.zeros((), dtype=logp.dtype))
+        logp = zero_off_mask(logp, batch.mask)
         logp_old = batch.logp_old.to(logp.dtype)
         gen = torch.Generator().manual_seed(ctx.seed)
         u = torch.rand(logp.shape, generator=gen, dtype=logp.dtype)  # float32 or wider (logp is)
@@ -85,7 +87,7 @@ def sis_before_update(
             "sis/d_sis": d_sis.mean(),
         }
         effective = sis_logp_old(logp, logp_old, accepted).to(batch.logp_old.dtype)
-        return batch.replace(logp_old=effective), state, metrics
+        return batch.replace(logp_old=effective, sis_accepted=accepted), state, metrics
 
     return hook
 
@@ -96,4 +98,25 @@ def sis_algorithm(inner: Algorithm, *, base: str, top_k: int = 100) -> Algorithm
         raise DomainError(f"top_k: expected an integer >= 1, got {top_k!r}")
     if inner.schedule is not None or inner.before_update is not None:
         raise DomainError(f"base: SIS wraps an unscheduled method without its own hook, got {base!r}")
-    return dataclasses.replace(inner, before_update=sis_before_update(top_k))
+    hooked = dataclasses.replace(inner, before_update=sis_before_update(top_k))
+    if base != "gspo":
+        return hooked
+    options = dict(getattr(inner.policy_loss, "keywords", {}))
+    return dataclasses.replace(
+        hooked,
+        policy_loss=functools.partial(released_gspo_sis_loss, **options),
+        loss_needs=(*inner.loss_needs, "sis_accepted"),
+    )
+
+
+def released_gspo_sis_loss(
+    logp: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, sis_accepted: Tensor | None, **options: Any
+) -> tuple[Tensor, Any]:
+    """GSPO + SIS as released (`sis_gspo_loss`) on the hook's ``sis_accepted`` mask.
+
+    ``logp_old`` is the hook's effective one; on rejected tokens it is the behaviour log-prob, and
+    `sis_gspo_loss` reads it only there, so the value equals the loss on the behaviour log-probs.
+    """
+    if sis_accepted is None:
+        raise DomainError("batch: sis_accepted must be filled by the SIS hook before the GSPO + SIS loss")
+    return sis_gspo_loss(logp, logp_old, advantages, mask, sis_accepted, divergence=False, **options)

@@ -95,6 +95,7 @@ class RolloutBatch:
     topk_logp_teacher: Float[Tensor, "B T K"] | None = None
     prompt_features: Float[Tensor, "B H"] | None = None
     judged: Bool[Tensor, " B"] | None = None
+    sis_accepted: Bool[Tensor, "B T"] | None = None
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -131,6 +132,8 @@ class RolloutBatch:
             check_finite("prompt_features", self.prompt_features)
         if self.judged is not None:
             check_mask("judged", self.judged, (b,))
+        if self.sis_accepted is not None:
+            check_mask("sis_accepted", self.sis_accepted, tuple(resp.shape))
 
     def _check_topk(self, bt: tuple[int, ...]) -> None:
         """``topk_ids`` and the ``[B, T, K]`` log-prob fields: ranks, dtypes, one shared ``[B, T, K]``, finite on the mask."""

@@ -25,6 +25,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError
+from posttrain.estimators import zero_off_mask
 from posttrain.llm.rollout.logprobs import position_ids, widened
 from posttrain.validate import check_positive
 
@@ -211,7 +212,7 @@ class HFEngine:
             self.model.train(was_training)
         response, logp = response.clone(), logp.clone()  # ordinary tensors (autograd may save them)
         mask = response_mask(response, self.eos_id)
-        logp = torch.where(mask, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+        logp = zero_off_mask(logp, mask)
         return Rollouts(ids, pmask, response, mask, logp, group_size=n)
 
     def _sample(

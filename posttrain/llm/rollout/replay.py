@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posttrain.estimators import zero_off_mask
 from posttrain.estimators.replay import ReplayBuffer, replay_add, replay_init, replay_rule, replay_select
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import left_pad
@@ -122,7 +123,7 @@ class ReplayStage:
         p_ids, p_mask, r_ids, r_mask = self._stored_rows(list(range(self.buffer.size)), ctx.pad_id, device)
         with torch.no_grad():  # the teacher-forced gating pass
             logp, _ = token_logprobs(ctx.policy, p_ids, p_mask, r_ids, r_mask, temperature=ctx.temperature)
-        logp = torch.where(r_mask, logp, torch.zeros((), dtype=logp.dtype, device=device))
+        logp = zero_off_mask(logp, r_mask)
         logp = logp.cpu().reshape(self.buffer.logp_gen.shape)
         sel, self.buffer = replay_select(
             self.buffer, logp.to(self.buffer.logp_gen.dtype), k_rep=self.cfg.k_rep,

@@ -59,3 +59,35 @@ def test_sis_grpo_raises_held_out_reward_with_stale_updates(tmp_path: Path) -> N
     print("SIS held-out reward", before, "->", after, [round(h["sis/accept_rate"], 3) for h in history])
     assert min(h["sis/accept_rate"] for h in history) < 1.0
     assert after - before >= 0.05
+
+
+def test_gspo_base_uses_the_released_gspo_sis_loss() -> None:
+    """``base: gspo``: the trainer's token loss is `sis_gspo_loss` on the hook's accepted mask (float64, by hand)."""
+    from posttrain.estimators.sis import sis_gspo_loss
+    from posttrain.llm.methods.catalog import build_algorithm
+    from posttrain.llm.rollout.batch import RolloutBatch
+
+    gen = torch.Generator().manual_seed(0)
+    b, t = 4, 6
+    mask = torch.ones(b, t, dtype=torch.bool)
+    mask[1, 4:] = False
+    logp_old = -torch.rand(b, t, generator=gen, dtype=torch.float64)
+    logp = (logp_old + 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)).requires_grad_()
+    accepted = (torch.rand(b, t, generator=gen) < 0.5) & mask
+    adv = torch.randn(b, 1, generator=gen, dtype=torch.float64).expand(b, t) * mask
+    batch = RolloutBatch(
+        prompt_ids=torch.ones(b, 2, dtype=torch.long), prompt_mask=torch.ones(b, 2, dtype=torch.bool),
+        response_ids=torch.ones(b, t, dtype=torch.long), mask=mask, rewards=torch.zeros(b, dtype=torch.float64),
+        group_size=2, logp_old=logp_old, advantages=adv, sis_accepted=accepted,
+    )  # fmt: skip
+    alg = build_algorithm(method="sis", horizon=t, options={"base": "gspo"})
+    assert "sis_accepted" in alg.loss_needs
+    loss, _ = alg.token_loss(logp, None, batch)
+    want, _ = sis_gspo_loss(logp, logp_old, adv, mask, accepted, divergence=False)
+    torch.testing.assert_close(loss, torch.where(mask, want, 0.0), rtol=1e-12, atol=1e-12)
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    (g_want,) = torch.autograd.grad(torch.where(mask, want, 0.0).sum(), logp)
+    torch.testing.assert_close(g, g_want, rtol=1e-12, atol=1e-12)
+    without = batch.replace(sis_accepted=None)
+    with pytest.raises(Exception, match="sis_accepted"):
+        alg.token_loss(logp, None, without)
