@@ -185,7 +185,8 @@ def gap_factors(
     m = magnitudes.to(torch.float64)
     wts = present.to(torch.float64) if reference_weights is None else reference_weights.to(torch.float64) * present
     m_bar = (wts * m).sum() / wts.sum().clamp(min=eps)
-    ratio = torch.where(m_bar > 0, m / m_bar.clamp(min=eps), torch.ones_like(m))
+    # no floor on m_bar: the factors are scale invariant in the magnitudes (m_bar = 0 means every gap is 0)
+    ratio = torch.where(m_bar > 0, m / torch.where(m_bar > 0, m_bar, torch.ones_like(m_bar)), torch.ones_like(m))
     f = ratio ** float(alpha)  # 0 ** alpha = 0 (alpha > 0), 1 (alpha = 0), inf (alpha < 0): the clip decides
     return torch.where(present, f.clamp(clip[0], clip[1]), torch.ones_like(f))
 

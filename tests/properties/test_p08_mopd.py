@@ -161,3 +161,10 @@ def test_recovery_endpoints() -> None:
     assert torch.equal(headroom_recovery(ref, init, ref), torch.ones(2))
     with pytest.raises(DomainError):
         headroom_recovery(init, init, init)
+
+
+def test_gap_factors_are_scale_invariant_at_tiny_magnitudes() -> None:
+    """A floor on the mean magnitude broke scale invariance: [1e-12, 0, 0] gave 1.0 and 2 x it gave 2.0."""
+    m, present = torch.tensor([1e-12, 0.0, 0.0], dtype=F64), torch.ones(3, dtype=torch.bool)
+    torch.testing.assert_close(gap_factors(2.0 * m, present, alpha=1.0), gap_factors(m, present, alpha=1.0))
+    assert gap_factors(m, present, alpha=1.0)[0].item() == 3.0
