@@ -260,7 +260,10 @@ def controller_fit(
         w = (omega * robust).unsqueeze(-1)
         xtwx = torch.zeros(r * a, d * d, dtype=features.dtype).index_add_(0, act, w * outer).reshape(r * a, d, d) + eye
         xtwy = torch.zeros(r * a, d, dtype=features.dtype).index_add_(0, act, w * fy)
-        coef = torch.linalg.lstsq(xtwx, xtwy.unsqueeze(-1)).solution.squeeze(-1)  # ridge 0: singular is fine
+        coef, info = torch.linalg.solve_ex(xtwx, xtwy)  # deterministic per system, whatever the batch
+        if bool((info != 0).any()):  # singular (ridge 0, an action never tried): least squares on those only
+            bad = info != 0
+            coef[bad] = torch.linalg.lstsq(xtwx[bad], xtwy[bad].unsqueeze(-1)).solution.squeeze(-1)
         resid = (x * coef[act]).sum(-1) - y  # each trace against its own action's model
         robust = (delta / resid.abs().clamp(min=1e-12)).clamp(max=1.0)
     return coef.reshape(*runs, a, d)

@@ -411,11 +411,14 @@ ELSEWHERE: dict[str, str] = {
 _STATE = "takes or returns a state object (buffer / controller / population), not a tensor contract"
 _PARAMS = "acts on a dict of named parameters (ES), by design in place or keyed by name; tested in test_p05_*"
 NO_TENSOR_CONTRACT: dict[str, str] = {
+    "zero_off_mask": "the masking primitive the estimators call after validating their own inputs; it validates "
+    "nothing itself (a hot-path helper), so the bad-input contract does not apply; values, NaN/inf handling and "
+    "the gradient are pinned by its doctest and test_zero_off_mask_is_where_with_the_mask_as_gradient",
     **{n: "registry access, not an estimator" for n in (
         "get_advantage", "get_kl", "get_policy_loss", "register_advantage", "register_kl",
         "register_policy_loss", "register_preference_loss")},
-    "pass_at_k": "integer counts (numpy or torch) in, float64 numpy out: own contract in test_contracts.py",
-    "mean_at_k": "integer counts (numpy or torch) in, float64 numpy out: own contract in test_contracts.py",
+    "pass_at_k": "integer counts in, float64 out (numpy for numpy, torch for torch): own contract in test_contracts.py",
+    "mean_at_k": "integer counts in, float64 out (numpy for numpy, torch for torch): own contract in test_contracts.py",
     "accuracy_bins": "boolean correctness in, integer histogram out (no float input, no gradient)",
     "answer_entropy": "integer answer ids in (no float input, no gradient)",
     "majority_vote_correct": "integer answer ids in, boolean out (no float input, no gradient)",
@@ -499,3 +502,17 @@ def test_contract(name: str, request: pytest.FixtureRequest) -> None:
         request.applymarker(pytest.mark.xfail(reason=KNOWN_FAILURES[name], raises=ContractFailure))
     fn, make, options = CASES[name]
     check_estimator(fn, make, **options)
+
+
+def test_zero_off_mask_is_where_with_the_mask_as_gradient() -> None:
+    from posttrain.estimators import zero_off_mask
+
+    x = torch.tensor([[1.5, -2.0, float("nan")], [float("inf"), 3.0, -float("inf")]], requires_grad=True)
+    mask = torch.tensor([[True, True, False], [False, True, False]])
+    out = zero_off_mask(x, mask)
+    assert torch.equal(out.detach(), torch.tensor([[1.5, -2.0, 0.0], [0.0, 3.0, 0.0]]))
+    out.sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, mask.to(x.dtype))
+    finite = torch.randn(3, 4, dtype=torch.float64)
+    m = torch.rand(3, 4) < 0.5
+    assert torch.equal(zero_off_mask(finite, m), torch.where(m, finite, 0.0))

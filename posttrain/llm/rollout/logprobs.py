@@ -24,6 +24,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators import zero_off_mask
 from posttrain.llm.rollout.batch import RolloutBatch
 
 __all__ = [
@@ -227,9 +228,8 @@ def token_logprobs(
     logp, entropy = sampled_logprobs(
         logits, response_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
     )
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    logp = torch.where(mask, logp, zero)
-    entropy = torch.where(mask, entropy, zero) if entropy is not None else None
+    logp = zero_off_mask(logp, mask)
+    entropy = zero_off_mask(entropy, mask) if entropy is not None else None
     return logp, entropy
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from posttrain.llm.config import RunConfig
 from posttrain.llm.train.muon import MuonWithAdamW
+
+if TYPE_CHECKING:  # annotations only: config checks optimizer options against these classes, so no import back
+    from posttrain.llm.config import RunConfig
 
 __all__ = ["MODEL_OPTIMIZERS", "make_optimizer", "make_scheduler", "module_parameters"]
 
