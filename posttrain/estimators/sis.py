@@ -381,7 +381,7 @@ def _diagnostics(
     """Accept rate over the mask and, when asked, `sis_divergence` at ``clip_range`` (no gradient)."""
     with torch.no_grad():
         dt = clip.clip_frac.dtype
-        rate = (accepted & mask).count_nonzero().to(dt) / mask.count_nonzero().clamp(min=1).to(dt)
+        rate = masked_mean(accepted.to(dt), mask)  # 0 on an empty mask
         lo, hi = clip_range
         d = sis_divergence(logp, logp_old, accepted, mask, clip_low=lo, clip_high=hi) if divergence else (None, None)
     return SISDiagnostics(rate, d[0], d[1], clip)
