@@ -64,6 +64,10 @@ class RolloutBatch:
             reached; ``rewards`` holds a finite placeholder there), or None (all judged). A group with an
             unjudged sample is left out of the loss (`loss_mask`): its advantages depend on every
             reward of the group.
+        sis_accepted: ``[B, T]`` boolean, SIS's accepted tokens of the current update, or None.
+        kept: ``[B]`` boolean, False for rows a method leaves out of the loss after its advantages were
+            computed (e.g. a selection of rows per group, or rows routed to no loss), or None (all kept).
+            `loss_mask` drops them; the rewards and advantages of every row stay as computed.
 
     Raises:
         ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
@@ -96,6 +100,7 @@ class RolloutBatch:
     prompt_features: Float[Tensor, "B H"] | None = None
     judged: Bool[Tensor, " B"] | None = None
     sis_accepted: Bool[Tensor, "B T"] | None = None
+    kept: Bool[Tensor, " B"] | None = None
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -134,6 +139,8 @@ class RolloutBatch:
             check_mask("judged", self.judged, (b,))
         if self.sis_accepted is not None:
             check_mask("sis_accepted", self.sis_accepted, tuple(resp.shape))
+        if self.kept is not None:
+            check_mask("kept", self.kept, (b,))
 
     def _check_topk(self, bt: tuple[int, ...]) -> None:
         """``topk_ids`` and the ``[B, T, K]`` log-prob fields: ranks, dtypes, one shared ``[B, T, K]``, finite on the mask."""
@@ -176,10 +183,14 @@ class RolloutBatch:
         return self.judged.reshape(self.num_groups, self.group_size).all(dim=1)
 
     def loss_mask(self) -> Bool[Tensor, "B T"]:
-        """``mask`` without the rows of groups that have an unjudged sample (the positions the loss averages)."""
-        if self.judged is None:
-            return self.mask
-        return self.mask & self.judged_groups().repeat_interleave(self.group_size).unsqueeze(-1)
+        """``mask`` without the rows of groups that have an unjudged sample and without rows not ``kept``
+        (the positions the loss averages)."""
+        mask = self.mask
+        if self.judged is not None:
+            mask = mask & self.judged_groups().repeat_interleave(self.group_size).unsqueeze(-1)
+        if self.kept is not None:
+            mask = mask & self.kept.unsqueeze(-1)
+        return mask
 
     def grouped_rewards(self) -> Float[Tensor, "G K"]:
         """Rewards as ``[G, K]``."""
