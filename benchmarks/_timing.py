@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import statistics
@@ -148,26 +147,13 @@ def copy_bandwidth(*, mib: int = 64, repeats: int = 9) -> Spread:
     return Spread.of(rates)
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 32 * 2**20
-"""glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): blocks below it come from the heap."""
-
-
 def tune_malloc() -> bool:
-    """Keep large tensors on glibc's heap: mmap threshold 32 MiB, trim threshold 1 GiB (via ``mallopt``).
+    """glibc's mmap threshold 32 MiB and trim threshold 1 GiB, as the ``posttrain`` CLI sets them
+    (`posttrain.llm.cli.tune_malloc`): otherwise every large temporary is a fresh ``mmap`` that
+    pays page faults on first touch. False where ``mallopt`` is unavailable (not glibc)."""
+    from posttrain.llm.cli import tune_malloc as tune
 
-    By default glibc serves blocks above 128 KiB (raised dynamically up to 32 MiB) with a fresh
-    ``mmap`` and returns them on free, so every large temporary pays page faults on first touch.
-    This is the same setting as the environment variables ``MALLOC_MMAP_THRESHOLD_=33554432
-    MALLOC_TRIM_THRESHOLD_=1073741824``. Returns False where ``mallopt`` is unavailable (not glibc).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-    ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, 2**30) == 1
-    return ok_mmap and ok_trim
+    return tune()
 
 
 def page_faults() -> int:

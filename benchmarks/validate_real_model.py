@@ -58,7 +58,7 @@ def _overrides(method: str, args: argparse.Namespace, out: Path) -> list[str]:
                 f"model.teacher={teacher}"]  # fmt: skip
     if method == "es":
         return [*common, f"es.steps={args.steps}", f"es.population={args.es_population}",
-                f"es.prompts_per_step={args.prompts_per_step}", f"es.sigma={args.es_sigma}", f"es.lr={args.es_lr}"]  # fmt: skip
+                f"es.prompts_per_step={args.es_prompts}", f"es.sigma={args.es_sigma}", f"es.lr={args.es_lr}"]  # fmt: skip
     return [*common, f"algorithm.method={method}"]
 
 
@@ -220,7 +220,7 @@ def _report(results: dict[str, dict[str, Any]], args: argparse.Namespace, report
     cfg_line = (f"steps {args.steps}, G={args.prompts_per_step} prompts x K={args.group_size} samples per step, "
                 f"engine {args.engine}, {args.threads} torch thread(s); held-out: {args.eval_prompts} prompts x "
                 f"{args.samples} samples + 1 greedy; ES: population {args.es_population}, sigma {args.es_sigma}, "
-                f"lr {args.es_lr}, {args.prompts_per_step} prompts per step; {args.jobs} method(s) trained at once")  # fmt: skip
+                f"lr {args.es_lr}, {args.es_prompts} prompts per step; {args.jobs} method(s) trained at once")  # fmt: skip
     load = os.getloadavg()
     lines = [
         "# Validation on a real model: SmolLM2-135M-Instruct on CPU",
@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--es-population", type=int, default=8)
     parser.add_argument("--es-sigma", type=float, default=1e-3)
     parser.add_argument("--es-lr", type=float, default=5e-4)
+    parser.add_argument("--es-prompts", type=int, default=16, help="ES: prompts per step (fitness of each member).")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--jobs", type=int, default=1, help="Methods trained at once (each in its own process).")
     parser.add_argument("--out", default="runs/validation")

@@ -293,6 +293,8 @@ REGISTERING_MODULES += [
 app.command("train")(bad_input_exits(_llm_cli.train_command))
 app.command("eval")(bad_input_exits(_llm_cli.eval_command))
 app.command("es")(bad_input_exits(_llm_cli.es_command))
+app.command("pairs")(bad_input_exits(_llm_cli.pairs_command))
+app.command("dpo")(bad_input_exits(_llm_cli.dpo_command))
 app.add_typer(importlib.import_module("posttrain.llm.tools.models").models_app(bad_input_exits), name="models")
 
 

@@ -17,12 +17,27 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["HALF_DTYPES", "computes_in_float32", "zero_off_mask"]
+__all__ = ["HALF_DTYPES", "ROW_BLOCK_BYTES", "computes_in_float32", "row_blocks", "zero_off_mask"]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 """The dtypes that `computes_in_float32` computes in float32."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+ROW_BLOCK_BYTES = 2**21
+"""Bytes of one block of rows in `row_blocks` (2 MiB: a block's temporaries stay in cache)."""
+
+
+def row_blocks(rows: int, row_bytes: int) -> list[slice]:
+    """Slices covering ``range(rows)`` in blocks of about `ROW_BLOCK_BYTES` (at least one row each).
+
+    Cache blocking for CPU eager code: running two or three elementwise ops block by block, instead
+    of each op over the whole tensor, keeps the intermediate in cache (a few dozen blocks, not a
+    loop over tokens or groups). Measured on a 2-core EPYC at ``[4096, 1024]`` float32: a masked
+    row sum 5 ms blocked against 10 ms whole, a masked broadcast 3.5 against 5.5 ms.
+    """
+    step = max(1, ROW_BLOCK_BYTES // max(row_bytes, 1))
+    return [slice(start, start + step) for start in range(0, rows, step)]
 
 
 def zero_off_mask(values: Tensor, mask: Tensor, *, inplace: bool = False) -> Tensor:

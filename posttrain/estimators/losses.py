@@ -6,6 +6,7 @@ Each loss returns ``(loss [B, T], diagnostics)``; reduce with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -13,7 +14,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators._numerics import computes_in_float32, zero_off_mask
+from posttrain.estimators._numerics import computes_in_float32, row_blocks, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
 from posttrain.estimators.aggregate import masked_sum
 from posttrain.estimators.ratios import LOG_RATIO_CLAMP, log_ratio, sequence_log_ratio
@@ -221,7 +222,13 @@ def _masked_log_ratio_where(logp: Tensor, logp_old: Tensor, keep: Tensor) -> tup
 
 
 def _fused_forward(
-    lr: Tensor, neg_adv: Tensor, lower: Tensor, upper: Tensor, mask8: Tensor, with_dual: bool
+    lr: Tensor,
+    neg_adv: Tensor,
+    lower: Tensor,
+    upper: Tensor,
+    mask8: Tensor,
+    with_dual: bool,
+    out: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""Forward of the fused PPO-clip loss: ``(loss, dloss/dlogp, n_active, n_dual, sum lr, sum r)``.
 
@@ -230,43 +237,106 @@ def _fused_forward(
     ``neg_adv`` is $-A$ (0 off the mask), ``lower``/``upper`` the bounds of ``_clip_bounds``.
     $\partial L/\partial\ell = -A r$ where the clamp is the identity (``active``), else 0.
     Sums run over every entry: off the mask $\log r = 0$, $r = 1$ and nothing is clipped.
+    ``out``: tensors of ``lr``'s shape that receive the loss and the gradient coefficient.
     """
     lr_sum = lr.sum()
     ratio = lr.exp_()
-    loss = torch.clamp(ratio, lower, upper)
+    loss = torch.clamp(ratio, lower, upper, out=None if out is None else out[0])
     active = loss == ratio
-    n_dual = ((loss < ratio) & (neg_adv > 0)).count_nonzero() if with_dual else torch.zeros((), dtype=torch.long)
-    loss = loss.mul_(neg_adv).mul_(mask8)
-    coef = loss * active.view(torch.uint8)
+    if not with_dual:
+        n_dual = torch.zeros((), dtype=torch.long)
+    elif neg_adv.shape[-1] == 1:  # per-row advantages: count on the rows with A < 0 only (no broadcast &)
+        negative = neg_adv[:, 0] > 0
+        n_dual = (ratio[negative] > upper[negative]).count_nonzero()
+    else:
+        n_dual = ((loss < ratio) & (neg_adv > 0)).count_nonzero()
+    loss = loss.mul_(neg_adv * mask8)  # -A times the mask in one mixed-dtype op, then a float multiply
+    coef = torch.mul(loss, active.view(torch.uint8), out=None if out is None else out[1])
     return loss, coef, active.count_nonzero(), n_dual, lr_sum, ratio.sum()
 
 
+def _fused_forward_blocked(
+    logp: Tensor,
+    logp_old: Tensor,
+    mask8: Tensor,
+    keep8: Tensor | None,
+    neg_adv: Tensor,
+    lower: Tensor,
+    upper: Tensor,
+    with_dual: bool,
+) -> tuple[Tensor, ...]:
+    """`_fused_forward` from the log-probs, row block by row block (`row_blocks`, in cache).
+
+    Returns ``(loss, coef, n_active, n_dual, sum lr, sum r, min lr, max lr)``; the log-ratio is
+    ``(logp - logp_old) * mask8`` (range taken there), then times ``keep8`` (on-policy tokens to 0).
+    Valid only when the range is finite and within the clamp: the caller checks and otherwise
+    discards the result (a NaN off the mask survives ``NaN * 0`` and shows in the range).
+    """
+    loss, coef = torch.empty_like(logp), torch.empty_like(logp)
+    stats: list[list[Tensor]] = [[] for _ in range(6)]
+    for rows in row_blocks(logp.shape[0], logp.shape[1] * logp.element_size() * _LOSS_BLOCK_DIVISOR):
+        lr = torch.sub(logp[rows], logp_old[rows]).mul_(mask8[rows])
+        lo, hi = torch.aminmax(lr)
+        if keep8 is not None:
+            lr = lr.mul_(keep8[rows])
+        _, _, *sums = _fused_forward(
+            lr, neg_adv[rows], lower[rows], upper[rows], mask8[rows], with_dual, out=(loss[rows], coef[rows])
+        )
+        for acc, value in zip(stats, (*sums, lo, hi), strict=True):
+            acc.append(value)
+    n_active, n_dual, lr_sum, ratio_sum = (torch.stack(v).sum() for v in stats[:4])
+    return loss, coef, n_active, n_dual, lr_sum, ratio_sum, torch.stack(stats[4]).min(), torch.stack(stats[5]).max()
+
+
+_LOSS_BLOCK_DIVISOR = 4
+"""The fused loss keeps about six block-sized temporaries live: blocks of a quarter of `ROW_BLOCK_BYTES`."""
+
+
 class _FusedClippedLoss(torch.autograd.Function):
-    """PPO-clip per-token loss with a one-pass backward: ``dL/dlogp = grad * coef`` (coef saved)."""
+    """PPO-clip per-token loss with a one-pass backward: ``dL/dlogp = grad * coef`` (coef saved).
+
+    ``compute()`` (no gradient) returns ``(loss, coef, *statistics)``; the statistics come out
+    non-differentiable after the loss.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any,
-        logp: Tensor,
-        logp_old: Tensor,
-        lr: Tensor,
-        neg_adv: Tensor,
-        lower: Tensor,
-        upper: Tensor,
-        mask8: Tensor,
-        with_dual: bool,
+        ctx: Any, logp: Tensor, logp_old: Tensor, compute: Callable[[], tuple[Tensor, ...]]
     ) -> tuple[Tensor, ...]:
-        loss, coef, n_active, n_dual, lr_sum, ratio_sum = _fused_forward(lr, neg_adv, lower, upper, mask8, with_dual)
+        loss, coef, *statistics = compute()
         ctx.save_for_backward(coef)
-        ctx.mark_non_differentiable(n_active, n_dual, lr_sum, ratio_sum)
-        return loss, n_active, n_dual, lr_sum, ratio_sum
+        ctx.mark_non_differentiable(*statistics)
+        return loss, *statistics
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, *_: Any) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         (coef,) = ctx.saved_tensors
         g = grad * coef
         g_old = -g if ctx.needs_input_grad[1] else None
-        return (g if ctx.needs_input_grad[0] else None), g_old, *([None] * 6)
+        return (g if ctx.needs_input_grad[0] else None), g_old, None
+
+
+def _fused_result(
+    out: tuple[Tensor, ...],
+    logp: Tensor,
+    logp_old: Tensor,
+    adv: Tensor,
+    neg_adv: Tensor,
+    lower: Tensor,
+    upper: Tensor,
+    mask: Tensor,
+    keep8: Tensor | None,
+    n_valid: Tensor,
+) -> tuple[Tensor, ClipDiagnostics]:
+    """The loss and diagnostics of `clipped_ratio_loss` from ``(loss, n_active, n_dual, sum lr, sum r)``."""
+    loss, n_active, n_dual, lr_sum, ratio_sum = out
+    if adv.requires_grad:  # the advantages' gradient, -clamp(r) (never needed for the policy update)
+        keep = mask if keep8 is None else keep8.bool()
+        r_eff = torch.clamp(torch.exp(zero_off_mask(logp.detach() - logp_old.detach(), keep)), lower, upper)
+        loss = loss + zero_off_mask(r_eff * (-adv - neg_adv), mask)
+    n_off = mask.numel() - n_valid  # off the mask: log-ratio 0, ratio 1, never clipped
+    n_clipped = mask.numel() - n_active - n_dual
+    return loss, _diagnostics(n_clipped, n_dual, lr_sum, ratio_sum - n_off, n_valid, logp.dtype)
 
 
 @register_policy_loss("ppo_clip", paper="Schulman et al. 2017, PPO, arXiv:1707.06347")
@@ -353,28 +423,31 @@ def clipped_ratio_loss(
         adv = zero_off_mask(advantages, mask)
     check_finite("advantages", adv)
     if fused:
-        keep8 = mask8 if on_policy is None else (mask & ~on_policy).view(torch.uint8)
+        keep8 = None if on_policy is None else (mask & ~on_policy).view(torch.uint8)
+        neg_adv = -adv.detach()
+        lower, upper = _clip_bounds(adv.detach(), clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+        lp, lp_old, with_dual = logp.detach(), logp_old.detach(), dual_clip is not None
+        if logp.device.type == "cpu":  # row-blocked (in cache); its range decides whether it stands
+            out = _FusedClippedLoss.apply(
+                logp,
+                logp_old,
+                lambda: _fused_forward_blocked(lp, lp_old, mask8, keep8, neg_adv, lower, upper, with_dual),
+            )
+            lo, hi = out[-2:]
+            if bool(torch.isfinite(lo) & torch.isfinite(hi) & (lo >= -LOG_RATIO_CLAMP) & (hi <= LOG_RATIO_CLAMP)):
+                return _fused_result(out[:5], logp, logp_old, adv, neg_adv, lower, upper, mask, keep8, n_valid)
         with torch.no_grad():  # the range over the whole mask (on-policy tokens included), then their lr set to 0
-            lr, lo, hi = _masked_log_ratio(logp.detach(), logp_old.detach(), mask8)
+            lr, lo, hi = _masked_log_ratio(lp, lp_old, mask8)
             if not bool(torch.isfinite(lo) & torch.isfinite(hi)):  # NaN/inf somewhere: off the mask, or an error
-                lr, lo, hi = _masked_log_ratio_where(logp.detach(), logp_old.detach(), mask)
-            if on_policy is not None:
+                lr, lo, hi = _masked_log_ratio_where(lp, lp_old, mask)
+            if keep8 is not None:
                 lr = lr.mul_(keep8)
         # NaN/inf on the mask, or a log-ratio where the +-20 clamp binds: the plain form (which raises on NaN/inf)
         if bool((lo >= -LOG_RATIO_CLAMP) & (hi <= LOG_RATIO_CLAMP)):
-            neg_adv = -adv.detach()
-            lower, upper = _clip_bounds(adv.detach(), clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-            loss, n_active, n_dual, lr_sum, ratio_sum = _FusedClippedLoss.apply(
-                logp, logp_old, lr, neg_adv, lower, upper, mask8, dual_clip is not None
+            out = _FusedClippedLoss.apply(
+                logp, logp_old, lambda: _fused_forward(lr, neg_adv, lower, upper, mask8, with_dual)
             )
-            if adv.requires_grad:  # the advantages' gradient, -clamp(r) (never needed for the policy update)
-                r_eff = torch.clamp(
-                    torch.exp(zero_off_mask(logp.detach() - logp_old.detach(), keep8.bool())), lower, upper
-                )
-                loss = loss + zero_off_mask(r_eff * (-adv - neg_adv), mask)
-            n_off = mask.numel() - n_valid  # off the mask: log-ratio 0, ratio 1, never clipped
-            n_clipped = mask.numel() - n_active - n_dual
-            return loss, _diagnostics(n_clipped, n_dual, lr_sum, ratio_sum - n_off, n_valid, logp.dtype)
+            return _fused_result(out, logp, logp_old, adv, neg_adv, lower, upper, mask, keep8, n_valid)
     check_finite("logp", logp, mask)
     check_finite("logp_old", logp_old, mask)
     return _plain_clipped_ratio_loss(

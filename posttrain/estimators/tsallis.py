@@ -38,7 +38,7 @@ from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators._registry import register_advantage, register_policy_loss
-from posttrain.validate import check_float, check_in_range, check_mask, value_checks_enabled
+from posttrain.validate import check_float, check_in_range, check_mask, check_tensor, value_checks_enabled
 
 __all__ = [
     "TsallisWeights",
@@ -49,6 +49,8 @@ __all__ = [
     "paft_advantages",
     "paft_loss",
     "paft_weights",
+    "tsallis_token_weights",
+    "weighted_logp_loss",
 ]
 
 _PAPER = "Lin & Ie 2026, Tsallis loss continuum, arXiv:2604.25907"
@@ -187,19 +189,78 @@ def paft_weights(
     return TsallisWeights(trace, trace, log_w_bar, scale, clamped)
 
 
+def tsallis_token_weights(
+    weights: TsallisWeights,
+    mask: Bool[Tensor, "B T"],
+    answer_mask: Bool[Tensor, "B T"] | None = None,
+) -> Float[Tensor, "B T"]:
+    r"""Per-token weights: each trace's weight on its ``mask`` tokens plus its answer weight on ``answer_mask``.
+
+    $W_{bt} = \mathrm{trace}_b\,\mathbb 1[\mathrm{mask}_{bt}] + \mathrm{answer}_b\,\mathbb 1[\mathrm{answer\_mask}_{bt}]$,
+    0 elsewhere, with row $b = gM + m$ (row-major over prompts and traces). The per-token loss is then
+    `weighted_logp_loss` $-W\log\pi$.
+
+    Args:
+        weights: `TsallisWeights` of ``[G, M]`` (from `garl_weights` or `paft_weights`).
+        mask: ``[B, T]`` trace tokens, ``B = G*M``.
+        answer_mask: ``[B, T]`` answer tokens (likelihood setting), or None (verifier setting).
+
+    Returns:
+        ``[B, T]`` weights in the dtype of ``weights.trace``.
+
+    Raises:
+        ShapeError: ``mask`` rows differ from ``G*M`` or a mask of the wrong shape.
+
+    Examples:
+        >>> w = garl_weights(torch.log(torch.tensor([[1.0, 0.0]])), q=0.0)
+        >>> tsallis_token_weights(w, torch.tensor([[True, False], [True, True]])).tolist()
+        [[1.0, 0.0], [-1.0, -1.0]]
+    """
+    b = weights.trace.numel()
+    m = check_tensor("mask", mask, ndim=2)
+    check_mask("mask", m, tuple(m.shape))
+    if m.shape[0] != b:
+        raise ShapeError(f"mask: expected B = G*M = {b} rows (the size of log_w), got shape {list(mask.shape)}")
+    zero = torch.zeros((), dtype=weights.trace.dtype, device=weights.trace.device)
+    token_w = torch.where(mask, weights.trace.reshape(b, 1), zero)
+    if answer_mask is not None:
+        check_mask("answer_mask", answer_mask, tuple(mask.shape))
+        token_w = token_w + torch.where(answer_mask, weights.answer.reshape(b, 1), zero)
+    return token_w
+
+
+def weighted_logp_loss(
+    logp: Float[Tensor, "B T"], token_weights: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]
+) -> Float[Tensor, "B T"]:
+    r"""The REINFORCE / weighted-SFT surrogate $-W_{bt}\log\pi_{bt}$ on ``mask``, exactly 0 where $W = 0$ or off it.
+
+    The weights are detached (a stop-gradient): the gradient is $-W\nabla\log\pi$. A zero weight
+    never multiplies ``logp`` (so a masked or ignored ``-inf`` log-prob gives 0, not NaN).
+
+    Examples:
+        >>> weighted_logp_loss(torch.log(torch.tensor([[0.5, 0.25]])), torch.tensor([[2.0, 0.0]]),
+        ...                    torch.ones(1, 2, dtype=torch.bool)).tolist()
+        [[1.3862943649291992, 0.0]]
+    """
+    check_float("logp", logp, ndim=2)
+    check_mask("mask", mask, tuple(logp.shape))
+    if tuple(token_weights.shape) != tuple(logp.shape):
+        raise ShapeError(f"token_weights: expected shape {list(logp.shape)}, got {list(token_weights.shape)}")
+    w = token_weights.detach().to(logp.dtype)
+    keep = mask & (w != 0)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    return torch.where(keep, -w * torch.where(keep, logp, zero), zero)
+
+
 def _weighted_token_loss(logp: Tensor, mask: Tensor, weights: TsallisWeights, answer_mask: Tensor | None) -> Tensor:
     check_float("logp", logp, ndim=2)
     check_mask("mask", mask, logp.shape)
     b = weights.trace.numel()
     if logp.shape[0] != b:
         raise ShapeError(f"logp: expected B = G*M = {b} rows (the size of log_w), got shape {list(logp.shape)}")
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    token_w = torch.where(mask, weights.trace.reshape(b, 1).to(logp.dtype), zero)
-    if answer_mask is not None:
-        check_mask("answer_mask", answer_mask, logp.shape)
-        token_w = token_w + torch.where(answer_mask, weights.answer.reshape(b, 1).to(logp.dtype), zero)
+    token_w = tsallis_token_weights(weights, mask, answer_mask).to(logp.dtype)
     active = mask if answer_mask is None else mask | answer_mask
-    return torch.where(active & (token_w != 0), -token_w * logp, zero)
+    return weighted_logp_loss(logp, token_w, active)
 
 
 @register_policy_loss("garl", paper=_PAPER)

@@ -14,9 +14,44 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["es_command", "eval_command", "resolve_checkpoint", "train_command"]
+__all__ = [
+    "dpo_command",
+    "es_command",
+    "eval_command",
+    "pairs_command",
+    "resolve_checkpoint",
+    "train_command",
+    "tune_malloc",
+]
 
 console = Console()
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 * 2**20
+"""glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): smaller blocks come from the heap."""
+TRIM_THRESHOLD = 2**30
+
+
+def tune_malloc() -> bool:
+    """Keep large tensors on glibc's heap: mmap threshold 32 MiB, trim threshold 1 GiB (``mallopt``).
+
+    glibc serves blocks above its mmap threshold (128 KiB, raised dynamically up to 32 MiB) with a
+    fresh ``mmap`` and unmaps them on free, so every large CPU temporary (logits, per-token losses)
+    pays a page fault per 4 KiB page on first touch. The same as ``MALLOC_MMAP_THRESHOLD_=33554432
+    MALLOC_TRIM_THRESHOLD_=1073741824``; left alone when either variable is set (the user's choice)
+    and where ``mallopt`` is missing (not glibc). Returns whether both settings took effect.
+    """
+    import ctypes
+    import os
+
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+    return ok_mmap and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
 
 
 def _load_or_exit(config: Path, overrides: list[str]) -> Any:
@@ -44,6 +79,7 @@ def train_command(
 
     --out must be a new directory unless --resume or --overwrite is given.
     """
+    tune_malloc()
     cfg = _load_or_exit(config, overrides)
     from posttrain.llm.run import train
 
@@ -204,3 +240,56 @@ def eval_command(
     for key, value in metrics.items():
         table.add_row(key, f"{value:.4f}")
     console.print(table)
+
+
+def pairs_command(
+    config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Run config (YAML) with a `pairs:` section."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value (repeatable)."),
+    out: Path = typer.Option(None, "--out", help="Output directory (default: runs/<config name>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the design in --out (its files are removed)."),
+) -> None:
+    """Design which DPO pairs to label (Han, Goyal, Ma 2026, arXiv:2606.19607): sample a pool from the SFT'd policy,
+    solve the Frank-Wolfe design on its hidden-state features, label the drawn pairs by the task's reward.
+
+    Writes OUT/pairs.jsonl (prompt, chosen, rejected, design weight q), OUT/pool_pairs.jsonl (every labelled pair of
+    the pool), OUT/design.json (objective, Frank-Wolfe gap, prompts covered, pool sizes, ties) and OUT/initial (the
+    reference model); `posttrain dpo` trains on the pairs file.
+    """
+    cfg = _load_or_exit(config, overrides)
+    from posttrain.llm.run_pairs import design_from_config
+
+    _quiet_transformers()
+    run_dir = out or Path("runs") / config.stem
+    log = design_from_config(cfg, run_dir, overwrite=overwrite)
+    lab = log["labels"]
+    console.print(
+        f"{log['design']} design over {log['pool']['edges']} candidate pairs: objective {log['objective']:.4g} "
+        f"(uniform {log['uniform_objective']:.4g}), {log['prompts_covered']:.1f} prompts covered; drew {lab['drawn']}, "
+        f"{lab['ties']} ties, wrote {lab['written']} pairs to {run_dir / 'pairs.jsonl'}"
+    )
+
+
+def dpo_command(
+    config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Run config (YAML) with a `dpo:` section."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a config value: section.key=value (repeatable)."),
+    out: Path = typer.Option(None, "--out", help="Run directory (default: runs/<config name>)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out (its files are removed)."),
+) -> None:
+    """Train with DPO on the labelled pairs of dpo.pairs (JSONL: prompt, chosen, rejected) against a frozen reference.
+
+    The policy is model.path (null: the initial/ model beside the pairs file, as `posttrain pairs` writes it), the
+    reference model.reference (null: the same model). Writes metrics.jsonl (loss, implicit-reward accuracy, margin)
+    and checkpoints.
+    """
+    cfg = _load_or_exit(config, overrides)
+    from posttrain.llm.run_pairs import dpo_from_config
+
+    _quiet_transformers()
+    run_dir = out or Path("runs") / config.stem
+    history = dpo_from_config(cfg, run_dir, overwrite=overwrite)
+    if history:
+        first, last = history[0], history[-1]
+        console.print(
+            f"steps 1..{last['step']}: loss {first['loss']:.4f} -> {last['loss']:.4f}, reward_accuracy "
+            f"{_fmt(first['reward_accuracy'])} -> {_fmt(last['reward_accuracy'])}; run directory {run_dir}"
+        )

@@ -30,9 +30,13 @@ from posttrain.estimators import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, Aggre
 from posttrain.estimators.es import REWARD_SHAPINGS
 from posttrain.estimators.replay import REPLAY_RULES
 from posttrain.llm.methods.catalog import METHODS
+from posttrain.llm.methods.dpo import DpoConfig
+from posttrain.llm.methods.pairs import PairDesignConfig
 from posttrain.llm.policy import LoraConfig
+from posttrain.llm.rollout.answer import AnswerSuffixConfig
 from posttrain.llm.rollout.branching import BranchingConfig
 from posttrain.llm.rollout.engine import SamplingConfig
+from posttrain.llm.rollout.oracle import OracleConfig
 from posttrain.llm.rollout.replay import ReplayConfig
 from posttrain.llm.rollout.reward_fn import load_reward_function
 from posttrain.llm.rollout.tasks import TASKS, make_task
@@ -76,6 +80,9 @@ class ModelConfig:
     path: str | None = None
     tiny: dict[str, Any] = field(default_factory=dict)
     teacher: str | None = None
+    teachers: dict[str, str] | None = None
+    """Several teachers, domain name -> path or registered name, each routed to the rows of its domain (the
+    task's `Problem.domain`: ``mixture`` task, ``dataset``'s ``domain`` column); exclusive with ``teacher``."""
     reference: str | None = None
     """The reference model of ``logp_ref`` and ``topk_logp_ref`` (KL terms; ExOPD's and OPD²'s teacher-base); null: the
     initial (SFT'd) policy."""
@@ -116,8 +123,16 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     vllm_gpu_memory_utilization: float = 0.3
+    enforce_eager: bool | None = None
+    """vLLM only: run without CUDA graphs (None: eager on CPU, CUDA graphs on a GPU)."""
     replay: ReplayConfig | None = None
     branching: BranchingConfig | None = None
+    answer_suffix: AnswerSuffixConfig | None = None
+    """Append ``delimiter + gold answer + <eos>`` after every trace, scored in the training forward
+    (`posttrain.llm.rollout.answer`); only for methods that read ``answer_mask``."""
+    oracle: OracleConfig | None = None
+    """Append the task's reference solution to every group as one more row (``synthetic``), scored by the same
+    reward (`posttrain.llm.rollout.oracle`); ``group_size`` then counts it (``group_size - 1`` samples)."""
 
     def sampling(self) -> SamplingConfig:
         """The engines' `SamplingConfig` of these fields (validated there)."""
@@ -222,6 +237,10 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     es: EsConfig = field(default_factory=EsConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    pairs: PairDesignConfig = field(default_factory=PairDesignConfig)
+    """``posttrain pairs design``: the DPO pair design (`PairDesignConfig`)."""
+    dpo: DpoConfig = field(default_factory=DpoConfig)
+    """``posttrain dpo``: DPO on a pairs file (`DpoConfig`)."""
 
 
 T = TypeVar("T")
@@ -405,6 +424,7 @@ def algorithm_of(cfg: RunConfig) -> Any:
         method=a.method, horizon=cfg.rollout.max_new_tokens, advantage=a.advantage, loss=a.loss,
         aggregation=a.aggregation, advantage_options=a.advantage_options, loss_options=a.loss_options,
         kl=a.kl, kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, options=a.options,
+        group_size=cfg.rollout.group_size,
     )  # fmt: skip
 
 
@@ -413,16 +433,59 @@ def _check_algorithm(cfg: RunConfig) -> None:
     built once (pure Python, no model) so any other inconsistency fails at load; group size 1 refused
     where it makes every advantage zero."""
     from posttrain.estimators import get_advantage, get_policy_loss
-    from posttrain.llm.methods.algorithm import MethodPreset
+    from posttrain.llm.methods.algorithm import MethodBundle, MethodPreset
 
     a = cfg.algorithm
     entry = METHODS.get(a.method)
     if isinstance(entry, MethodPreset):
         check_options("algorithm.loss_options", get_policy_loss(a.loss or entry.loss), a.loss_options)
         check_options("algorithm.advantage_options", get_advantage(a.advantage or entry.advantage), a.advantage_options)
+    elif isinstance(entry, MethodBundle):  # its factory's keyword options: names, scalar types (not group_size)
+        check_options("algorithm.options", entry.factory, a.options, skip=("group_size",))
     alg = algorithm_of(cfg)
     if cfg.rollout.group_size == 1 and alg.needs <= {"logp_old"}:
         _refuse_zero_advantages(cfg, alg)
+    _check_answer_suffix(cfg, alg)
+    _check_oracle(cfg, alg)
+
+
+def _check_oracle(cfg: RunConfig, alg: Any) -> None:
+    """``rollout.oracle`` is set when the method reads the synthetic rows (``synthetic`` in its needs); it does
+    not combine with the stages that rebuild the groups (another method on it trains on the oracle row as sampled:
+    e.g. GRPO, the naive-injection baseline)."""
+    r = cfg.rollout
+    if "synthetic" in alg.needs and r.oracle is None:
+        raise DomainError(
+            f"rollout.oracle: method {cfg.algorithm.method!r} trains on the task's reference solution as one row "
+            "per group; set rollout.oracle: {} (rollout.group_size then counts that row)"
+        )
+    if r.oracle is not None and (r.replay is not None or r.branching is not None or r.answer_suffix is not None):
+        raise DomainError(
+            "rollout.oracle: not supported with rollout.replay, rollout.branching or rollout.answer_suffix"
+        )
+    if r.oracle is not None and r.group_size < 2:
+        raise DomainError(
+            f"rollout.group_size: rollout.oracle needs at least 1 sample + the oracle row, got {r.group_size}"
+        )
+
+
+def _check_answer_suffix(cfg: RunConfig, alg: Any) -> None:
+    """``rollout.answer_suffix`` is set exactly when the method reads the appended answer (``answer_mask``)."""
+    r, reads = cfg.rollout, "answer_mask" in alg.loss_needs
+    if reads and r.answer_suffix is None:
+        raise DomainError(
+            f"rollout.answer_suffix: method {cfg.algorithm.method!r} with algorithm.options {cfg.algorithm.options} "
+            "scores the gold answer after each trace; set rollout.answer_suffix: {delimiter: ...}"
+        )
+    if r.answer_suffix is None:
+        return
+    if not reads:
+        raise DomainError(
+            f"rollout.answer_suffix: method {cfg.algorithm.method!r} does not read the appended answer tokens "
+            "(it would train on them as sampled tokens); remove rollout.answer_suffix"
+        )
+    if r.replay is not None or r.branching is not None:
+        raise DomainError("rollout.answer_suffix: not supported with rollout.replay or rollout.branching")
 
 
 def _refuse_zero_advantages(cfg: RunConfig, alg: Any) -> None:
@@ -532,6 +595,8 @@ def validate_names(cfg: RunConfig) -> RunConfig:
             "numbers of groups, hence run different numbers of sharded forwards); use 'ddp'"
         )
     _validate_stages(cfg.rollout)
+    cfg.pairs.check("pairs")
+    cfg.dpo.check("dpo")
     _check_policy(cfg)
     if (a.kl is None) != (a.kl_coef == 0.0):
         raise DomainError(
@@ -552,8 +617,16 @@ def _check_policy(cfg: RunConfig) -> None:
             )
     if cfg.data.reward is not None:
         load_reward_function(cfg.data.reward, "data.reward")
-    if cfg.data.task == "dataset":  # reads the file(s): a missing file or column fails at load, naming its key
-        make_task(cfg.data.task, **cfg.data.options)
+    if cfg.data.task in ("dataset", "mixture") or cfg.model.teachers is not None:  # dataset: reads the file(s)
+        task = make_task(cfg.data.task, **cfg.data.options)  # a missing file, column or task fails naming its key
+        if cfg.model.teachers is not None:
+            from posttrain.llm.methods.teachers import teachers_in_domain_order
+
+            if cfg.model.teacher is not None:
+                raise DomainError("model.teachers: set model.teacher (one teacher) or model.teachers, not both")
+            if cfg.distributed.strategy == "fsdp":  # ranks would run different numbers of sharded teacher forwards
+                raise DomainError("model.teachers: not supported with distributed.strategy='fsdp'; use 'ddp'")
+            teachers_in_domain_order(cfg.model.teachers, getattr(task, "domains", ()), cfg.data.task)
 
 
 def _validate_stages(r: RolloutConfig) -> None:

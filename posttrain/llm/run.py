@@ -17,7 +17,7 @@ needs ``resume`` (same config, except the keys of ``RESUMABLE_KEYS``) or ``overw
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,15 @@ from posttrain.llm.es.trainer import (
     trainable_params,
 )
 from posttrain.llm.methods.flow import prompt_feature_filler
+from posttrain.llm.methods.routing import routing_edge
+from posttrain.llm.methods.teachers import check_same_tokenizer, routed_filler, teachers_in_domain_order
 from posttrain.llm.methods.topk import StudentTopK, topk_logp_filler
 from posttrain.llm.policy import prepare_policy
+from posttrain.llm.rollout.answer import AnswerSuffixStage
 from posttrain.llm.rollout.branching import BranchingStage
 from posttrain.llm.rollout.engine import HFEngine, RolloutEngine
 from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.oracle import OracleStage
 from posttrain.llm.rollout.replay import ReplayStage
 from posttrain.llm.rollout.reward_fn import with_reward_function
 from posttrain.llm.rollout.stages import RolloutStage
@@ -55,7 +59,10 @@ from posttrain.llm.train.rundir import (
 from posttrain.llm.train.sinks import metric_sinks
 from posttrain.llm.train.trainer import Filler, Trainer
 
-__all__ = ["ENGINE_FACTORIES", "build_stages", "build_trainer", "es_from_config", "grpo_then_es", "load_model", "train"]
+__all__ = [
+    "ENGINE_FACTORIES", "build_initial", "build_stages", "build_trainer", "es_from_config", "grpo_then_es",
+    "load_model", "train",
+]  # fmt: skip
 
 
 def load_model(path: str | Path, cfg: RunConfig) -> tuple[Any, Any]:
@@ -96,6 +103,7 @@ def _vllm_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) ->
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,
         gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+        enforce_eager=cfg.rollout.enforce_eager,
         device=cfg.model.device,
     )
 
@@ -118,8 +126,37 @@ def _logp_filler(model: Any, temperature: float) -> Filler:
     return fill
 
 
-def build_stages(cfg: RunConfig, *, vocab_size: int, world: int = 1) -> tuple[RolloutStage, ...]:
-    """The stages a config asks for, in loop order: RAIL branching (shapes the fresh groups), then replay."""
+def _teacher_fillers(cfg: RunConfig, policy: Any, tokenizer: Any, domains: Sequence[str]) -> dict[str, Filler]:
+    """``logp_teacher`` and ``topk_logp_teacher`` of ``model.teacher``, or of ``model.teachers`` routed by
+    ``batch.domain`` (`routed_filler`); every teacher must share the policy's tokenizer."""
+    m, temperature = cfg.model, cfg.rollout.temperature
+    if m.teachers is None:
+        assert m.teacher is not None
+        specs = [("model.teacher", m.teacher)]
+    else:
+        paths = teachers_in_domain_order(m.teachers, domains, cfg.data.task)
+        specs = [(f"model.teachers.{d}", path) for d, path in zip(domains, paths, strict=True)]
+    logp, topk = [], []
+    for key, path in specs:
+        teacher, teacher_tokenizer = load_model(path, cfg)
+        check_same_tokenizer(key, teacher_tokenizer, teacher, tokenizer, policy)
+        teacher = wrap_frozen(teacher, cfg.distributed.strategy)
+        logp.append(_logp_filler(teacher, temperature))
+        topk.append(topk_logp_filler(teacher, temperature=temperature, field="topk_logp_teacher"))
+    if m.teachers is None:
+        return {"logp_teacher": logp[0], "topk_logp_teacher": topk[0]}
+    return {
+        "logp_teacher": routed_filler(logp, "logp_teacher"),
+        "topk_logp_teacher": routed_filler(topk, "topk_logp_teacher"),
+    }
+
+
+def build_stages(
+    cfg: RunConfig, *, vocab_size: int, world: int = 1, tokenizer: Any = None, task: Any = None
+) -> tuple[RolloutStage, ...]:
+    """The stages a config asks for, in loop order: RAIL branching (shapes the fresh groups), then replay;
+    the answer suffix (``rollout.answer_suffix``, never with those two) needs the ``tokenizer``, the oracle
+    row (``rollout.oracle``, alone) the ``tokenizer`` and the ``task``."""
     r = cfg.rollout
     stages: list[RolloutStage] = []
     if r.branching is not None:
@@ -136,6 +173,12 @@ def build_stages(cfg: RunConfig, *, vocab_size: int, world: int = 1) -> tuple[Ro
     if r.replay is not None:  # a branch row is a prefix (< max_new_tokens) plus up to max_new_tokens more
         horizon = r.max_new_tokens * (2 if r.branching is not None else 1)
         stages.append(ReplayStage(r.replay, group_size=r.group_size, horizon=horizon))
+    if r.answer_suffix is not None:
+        stages.append(AnswerSuffixStage(r.answer_suffix, tokenizer=tokenizer))
+    if r.oracle is not None:
+        stages.append(
+            OracleStage(r.oracle, tokenizer=tokenizer, task=task, micro_batch_size=cfg.optim.micro_batch_size)
+        )
     return tuple(stages)
 
 
@@ -150,6 +193,39 @@ def _initial_is_usable(initial: Path, checkpoints: Path) -> bool:
     if checkpoints.is_dir() and any(checkpoints.glob("step_*")):
         raise RunDirError(f"--resume: {initial} is corrupt ({reason}) and checkpoints depend on it; use --overwrite")
     return False
+
+
+def build_initial(
+    cfg: RunConfig, out: Path, task: Any, *, on_sft_step: Callable[[int, float], None] | None = None
+) -> Path:
+    """Build or load the policy (``model.path``, or a tiny model in ``out/tiny``), run the SFT warm-up on ``task``
+    (losses in ``out/sft_metrics.jsonl``) and save it atomically as ``out/initial`` (the reference model); returns
+    that directory. Single process: a data-parallel caller runs it on rank 0."""
+    from posttrain.llm.tools.tiny import TinyConfig, build_tiny
+    from posttrain.llm.train.sft import sft_warmup
+
+    initial = out / "initial"
+    source = cfg.model.path or build_tiny(out / "tiny", TinyConfig(**cfg.model.tiny), seed=cfg.seed)
+    model, tokenizer = load_model(source, cfg)
+    if cfg.data.sft_steps:
+        losses = sft_warmup(
+            model,
+            tokenizer,
+            task,
+            steps=cfg.data.sft_steps,
+            batch_size=cfg.data.sft_batch_size,
+            lr=cfg.data.sft_lr,
+            seed=cfg.seed,
+            chat_template=cfg.model.chat_template,
+            system=cfg.model.system_prompt,
+            on_step=on_sft_step,
+        )
+        rows = [json.dumps({"step": i + 1, "loss": loss}) for i, loss in enumerate(losses)]
+        atomic_write_text(out / "sft_metrics.jsonl", "".join(f"{r}\n" for r in rows))
+    with atomic_directory(initial) as tmp:  # a kill mid-save leaves no initial/: a resume redoes SFT
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return initial
 
 
 def build_trainer(
@@ -170,9 +246,6 @@ def build_trainer(
     save it atomically as ``out/initial``. On resume, ``out/initial`` is loaded and the newest intact
     checkpoint's weights replace the policy's.
     """
-    from posttrain.llm.tools.tiny import TinyConfig, build_tiny
-    from posttrain.llm.train.sft import sft_warmup
-
     out = Path(out_dir)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     changes = check_run_dir(out, cfg, resume=resume, overwrite=overwrite)  # every rank: read only
@@ -184,26 +257,7 @@ def build_trainer(
     initial = out / "initial"
     if not (resume and _initial_is_usable(initial, out / "checkpoints")):
         if rank == 0:
-            source = cfg.model.path or build_tiny(out / "tiny", TinyConfig(**cfg.model.tiny), seed=cfg.seed)
-            model, tokenizer = load_model(source, cfg)
-            if cfg.data.sft_steps:
-                losses = sft_warmup(
-                    model,
-                    tokenizer,
-                    task,
-                    steps=cfg.data.sft_steps,
-                    batch_size=cfg.data.sft_batch_size,
-                    lr=cfg.data.sft_lr,
-                    seed=cfg.seed,
-                    chat_template=cfg.model.chat_template,
-                    system=cfg.model.system_prompt,
-                    on_step=on_sft_step,
-                )
-                rows = [json.dumps({"step": i + 1, "loss": loss}) for i, loss in enumerate(losses)]
-                atomic_write_text(out / "sft_metrics.jsonl", "".join(f"{r}\n" for r in rows))
-            with atomic_directory(initial) as tmp:  # a kill mid-save leaves no initial/: a resume redoes SFT
-                model.save_pretrained(tmp)
-                tokenizer.save_pretrained(tmp)
+            build_initial(cfg, out, task, on_sft_step=on_sft_step)
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
     model, tokenizer = load_model(initial, cfg)
@@ -219,14 +273,18 @@ def build_trainer(
         reference = wrap_frozen(load_model(cfg.model.reference or initial, cfg)[0], cfg.distributed.strategy)
         fillers["logp_ref"] = _logp_filler(reference, temperature)
         fillers["topk_logp_ref"] = topk_logp_filler(reference, temperature=temperature, field="topk_logp_ref")
-    if cfg.model.teacher is not None:
-        teacher = wrap_frozen(load_model(cfg.model.teacher, cfg)[0], cfg.distributed.strategy)
-        fillers["logp_teacher"] = _logp_filler(teacher, temperature)
-        fillers["topk_logp_teacher"] = topk_logp_filler(teacher, temperature=temperature, field="topk_logp_teacher")
+    if cfg.model.teacher is not None or cfg.model.teachers is not None:  # one teacher, or one routed per domain
+        fillers |= _teacher_fillers(cfg, model, tokenizer, getattr(task, "domains", ()))
     student = StudentTopK(model, k=cfg.algorithm.topk, temperature=temperature)  # one forward for both fields
     fillers["topk_ids"], fillers["topk_logp_old"] = student.ids, student.logp
     if "prompt_features" in algorithm.needs:  # e.g. FlowRL's log-partition input, from the policy itself
         fillers["prompt_features"] = prompt_feature_filler(model)
+    if "synthetic" in algorithm.needs:  # marked by rollout.oracle (checked at load); else no row is synthetic
+        fillers["synthetic"] = lambda b: torch.zeros(b.batch_size, dtype=torch.bool, device=b.mask.device)
+    routing: tuple[RolloutStage, ...] = ()
+    if "route" in algorithm.needs:  # a per-prompt recipe router (Self-Routing): its stage, queue-only forwards
+        task, routing, routed_fillers = routing_edge(cfg, tokenizer, task, fillers)
+        fillers.update(routed_fillers)
     wrapped = wrap_model(model, cfg.distributed.strategy)  # FSDP2 shards in place, before the engine sees it
     engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, initial)
     trainer = Trainer(
@@ -242,7 +300,10 @@ def build_trainer(
             cfg,
             vocab_size=len(tokenizer),
             world=dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
-        ),
+            tokenizer=tokenizer,
+            task=task,
+        )
+        + routing,
     )
     if resume:
         trainer.resume()

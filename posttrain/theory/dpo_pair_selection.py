@@ -7,7 +7,10 @@ log-probs renormalised over each prompt's pool; *implementation choice*, the pap
 is not available), solve $\min_q\mathrm{tr}(\hat I A(q)^{-1})$ by Frank-Wolfe, and draw the
 pairs without replacement proportionally to ``q`` (Efraimidis-Spirakis keys $u^{1/q_e}$,
 seeded; edges with ``q_e = 0`` come last in random order). ``per_prompt=True`` normalises ``q``
-within each prompt and draws ``n_pairs`` per prompt (response selection).
+within each prompt and draws ``n_pairs`` per prompt (response selection). ``max_per_prompt`` caps
+the pairs drawn from one prompt in the global draw (the draw walks the without-replacement order
+and skips the edges of a prompt that has reached its cap), against designs that concentrate on a
+few prompts. ``design="uniform"`` draws from the uniform design over the same edges (the baseline).
 
 Reference: Han, Goyal, Ma (2026), arXiv:2606.19607.
 """
@@ -20,8 +23,15 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from posttrain.errors import DomainError
-from posttrain.theory.dpo_design import Array, as_array, edge_vectors, policy_curvature, within_prompt_pairs
-from posttrain.theory.dpo_design_solvers import DesignResult, frank_wolfe_design
+from posttrain.theory.dpo_design import (
+    Array,
+    as_array,
+    edge_vectors,
+    policy_curvature,
+    uniform_design,
+    within_prompt_pairs,
+)
+from posttrain.theory.dpo_design_solvers import DesignResult, design_objective, frank_wolfe_design
 
 __all__ = ["SelectedPairs", "select_pairs", "standardise_features", "weighted_sample_without_replacement"]
 
@@ -38,6 +48,8 @@ class SelectedPairs:
     """The full design over all candidate edges (objective, FW gap, iterations)."""
     prompts_covered: float
     """Effective number of prompts: ``exp`` of the entropy of the per-prompt design mass."""
+    uniform_objective: float = float("nan")
+    r"""The criterion $\mathrm{tr}(\hat I A(q)^{-1})$ of the uniform design over the same edges."""
 
 
 def standardise_features(phi: ArrayLike, *, pca_dim: int | None = None) -> Array:
@@ -94,6 +106,8 @@ def select_pairs(
     seed: int = 0,
     max_iter: int = 2000,
     tol: float = 1e-3,
+    max_per_prompt: int | None = None,
+    design: str = "optimal",
 ) -> SelectedPairs:
     r"""Choose which within-prompt pairs to label: the plug-in optimal design at the reference policy.
 
@@ -105,6 +119,8 @@ def select_pairs(
         pca_dim: PCA dimension after standardising (paper: 128; ``None`` keeps all).
         per_prompt: response selection (normalise ``q`` within each prompt's ``C(K, 2)`` pairs).
         seed: seed of the without-replacement draw. max_iter, tol: Frank-Wolfe settings.
+        max_per_prompt: at most this many pairs of one prompt (global draw only; ``None``: no cap).
+        design: ``"optimal"`` (Frank-Wolfe) or ``"uniform"`` (``q_e = 1/E``, the baseline).
 
     Returns:
         `SelectedPairs`.
@@ -121,9 +137,23 @@ def select_pairs(
     limit = k * (k - 1) // 2 if per_prompt else edges.shape[0]
     if not 1 <= int(n_pairs) <= limit:
         raise DomainError(f"n_pairs: expected 1..{limit}, got {n_pairs}")
+    if design not in ("optimal", "uniform"):
+        raise DomainError(f"design: expected 'optimal' or 'uniform', got {design!r}")
+    if max_per_prompt is not None and (per_prompt or int(max_per_prompt) < 1):
+        raise DomainError(f"max_per_prompt: expected None with per_prompt, else >= 1; got {max_per_prompt}")
+    if max_per_prompt is not None and int(n_pairs) > num_prompts * min(int(max_per_prompt), k * (k - 1) // 2):
+        raise DomainError(
+            f"n_pairs: {n_pairs} pairs do not fit {num_prompts} prompts x max_per_prompt={max_per_prompt}"
+        )
     g = edge_vectors(f, edges, beta=beta)
-    design = frank_wolfe_design(g, policy_curvature(f, logp_ref, beta=beta), ridge=ridge, max_iter=max_iter, tol=tol)
-    q = design.q
+    m = policy_curvature(f, logp_ref, beta=beta)
+    uniform = uniform_design(edges.shape[0])
+    uniform_objective = design_objective(uniform, g, m, ridge=ridge)
+    if design == "uniform":
+        result = DesignResult(uniform, uniform_objective, "uniform", "none", 0, float("nan"))
+    else:
+        result = frank_wolfe_design(g, m, ridge=ridge, max_iter=max_iter, tol=tol)
+    q = result.q
     mass = np.bincount(edges[:, 0], weights=q, minlength=num_prompts)
     nz = mass[mass > 0]
     covered = float(np.exp(-np.sum(nz * np.log(nz))))
@@ -131,6 +161,14 @@ def select_pairs(
     if per_prompt:
         q_local = np.where(mass[edges[:, 0]] > 0, q / np.where(mass > 0, mass, 1.0)[edges[:, 0]], 1.0 / limit)
         idx = weighted_sample_without_replacement(q_local, int(n_pairs), rng=rng, groups=edges[:, 0])
-    else:
+    elif max_per_prompt is None:
         idx = weighted_sample_without_replacement(q, int(n_pairs), rng=rng)
-    return SelectedPairs(edges[idx], q[idx], design, covered)
+    else:  # the whole draw order, then each prompt's first max_per_prompt edges in it
+        order = weighted_sample_without_replacement(q, edges.shape[0], rng=rng)
+        prompt = edges[order, 0]
+        by_prompt = np.argsort(prompt, kind="stable")
+        starts = np.searchsorted(prompt[by_prompt], prompt[by_prompt], side="left")
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[by_prompt] = np.arange(order.size) - starts  # position of each drawn edge within its prompt
+        idx = order[rank < int(max_per_prompt)][: int(n_pairs)]
+    return SelectedPairs(edges[idx], q[idx], result, covered, uniform_objective)

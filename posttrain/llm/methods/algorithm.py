@@ -45,6 +45,7 @@ from posttrain.estimators import (
     zero_off_mask,
 )
 from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.rollout.logprobs import token_logprobs
 
 __all__ = [
     "GRPO",
@@ -140,6 +141,10 @@ class Algorithm:
         modules: trainable modules the method owns besides the policy (e.g. FlowRL's
             learned log-partition log Z(x)): the trainer adds their parameters to the optimizer (one extra
             parameter group), averages their gradients over data-parallel ranks and checkpoints them.
+        forward: ``(model, batch, temperature, entropy_grad) -> (logp [B, T], entropy [B, T], live)``, the
+            training forward of a method whose loss needs more than the sampled-token log-probs (``live``:
+            differentiable tensors passed to ``policy_loss`` by name, e.g. Open-MOPD's top-K log-probs), or
+            None (`token_logprobs`, no live tensors).
     """
 
     advantage: Callable[[RolloutBatch], Float[Tensor, "B T"]]
@@ -156,6 +161,7 @@ class Algorithm:
         None
     )
     modules: tuple[torch.nn.Module, ...] = ()
+    forward: Callable[[Any, RolloutBatch, float, bool], tuple[Tensor, Tensor, dict[str, Tensor]]] | None = None
 
     def at(self, step: int, scores: tuple[float, ...] = ()) -> Algorithm:
         """The bundle used at ``step`` (counted from 1) given the validation ``scores`` so far:
@@ -167,13 +173,31 @@ class Algorithm:
         """Whether the loss uses the token entropy (otherwise it is computed for logging only)."""
         return self.entropy_coef != 0.0
 
+    def log_probs(
+        self, model: Any, batch: RolloutBatch, *, temperature: float
+    ) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"], dict[str, Tensor]]:
+        """The training forward: ``(logp, entropy, live)`` (entropy differentiable only when in the loss)."""
+        if self.forward is not None:
+            return self.forward(model, batch, temperature, self.wants_entropy)
+        logp, entropy = token_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+            temperature=temperature, with_entropy=True, entropy_grad=self.wants_entropy,
+        )  # fmt: skip
+        assert entropy is not None
+        return logp, entropy, {}
+
     def token_loss(
-        self, logp: Float[Tensor, "B T"], entropy: Float[Tensor, "B T"] | None, batch: RolloutBatch
+        self,
+        logp: Float[Tensor, "B T"],
+        entropy: Float[Tensor, "B T"] | None,
+        batch: RolloutBatch,
+        live: dict[str, Tensor] | None = None,
     ) -> tuple[Float[Tensor, "B T"], dict[str, Tensor]]:
-        """The per-token loss $\\ell^{pg} + \\beta\\,KL - c_H H$ and 0-d diagnostics (token means)."""
+        """The per-token loss $\\ell^{pg} + \\beta\\,KL - c_H H$ and 0-d diagnostics (token means); ``live``
+        are the training forward's extra tensors (`log_probs`), passed to the policy loss by name."""
         if batch.logp_old is None or batch.advantages is None:
             raise DomainError("batch: logp_old and advantages must be filled before the loss")
-        extra = {name: getattr(batch, name) for name in self.loss_needs}
+        extra = {**{name: getattr(batch, name) for name in self.loss_needs}, **(live or {})}
         loss, diag = self.policy_loss(logp, batch.logp_old, batch.advantages, batch.mask, **extra)
         metrics = {f"pg/{k}": v for k, v in diag._asdict().items()} if hasattr(diag, "_asdict") else {}
         if self.kl is not None:

@@ -9,6 +9,7 @@ method``): a `MethodPreset` names registry estimators, a
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +26,11 @@ from posttrain.llm.methods.algorithm import (
 )
 from posttrain.llm.methods.distill import exopd_algorithm, opd2_algorithm, opd_then_rl_algorithm
 from posttrain.llm.methods.flow import flowrl_algorithm, gflowrl_algorithm
+from posttrain.llm.methods.mopd import open_mopd_algorithm
+from posttrain.llm.methods.orarl import orarl_algorithm
+from posttrain.llm.methods.routing import self_routing_algorithm
 from posttrain.llm.methods.sis import sis_algorithm
+from posttrain.llm.methods.tsallis import garl_algorithm, paft_algorithm
 from posttrain.registry import registry
 
 __all__ = ["METHODS", "build_algorithm"]
@@ -116,15 +121,26 @@ METHODS.add(
 
 
 def _from_bundle(
-    method: str, entry: MethodBundle, horizon: int, options: Mapping[str, Any], overrides: Mapping[str, Any]
+    method: str,
+    entry: MethodBundle,
+    horizon: int,
+    options: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    group_size: int | None = None,
 ) -> Algorithm:
-    """Call a `MethodBundle`'s factory; advantage/loss/aggregation overrides do not apply to it."""
+    """Call a `MethodBundle`'s factory; advantage/loss/aggregation overrides do not apply to it. A factory
+    with a keyword ``group_size`` (rows per group, e.g. OraRL's kept-row count) gets ``rollout.group_size``."""
     given = sorted(k for k, v in overrides.items() if v)
     if given:
         raise DomainError(
             f"algorithm.{', algorithm.'.join(given)}: not used by method {method!r} (use algorithm.options)"
         )
+    wants_k = "group_size" in inspect.signature(entry.factory).parameters
+    if wants_k and "group_size" in options:
+        raise DomainError("algorithm.options.group_size: set rollout.group_size instead")
     check_options("options", entry.factory, options)
+    if wants_k:
+        return entry.factory(int(horizon), group_size=group_size, **options)
     return entry.factory(int(horizon), **options)
 
 
@@ -141,11 +157,13 @@ def build_algorithm(
     kl_coef: float = 0.0,
     entropy_coef: float = 0.0,
     options: Mapping[str, Any] | None = None,
+    group_size: int | None = None,
 ) -> Algorithm:
     """Resolve a method plus overrides into an `Algorithm`.
 
     ``options`` are the keyword options of a `MethodBundle` method (an error for a preset);
-    the KL term and entropy bonus are added to either.
+    the KL term and entropy bonus are added to either. ``group_size`` (``rollout.group_size``) reaches
+    a bundle factory that declares it.
 
     Examples:
         >>> alg = build_algorithm(method="drgrpo", horizon=16, kl="k3", kl_coef=0.01)
@@ -157,7 +175,7 @@ def build_algorithm(
     if isinstance(entry, MethodBundle):
         overrides: dict[str, Any] = {"advantage": advantage, "loss": loss, "aggregation": aggregation}
         overrides |= {"advantage_options": advantage_options, "loss_options": loss_options}
-        alg = _from_bundle(method, entry, horizon, options or {}, overrides)
+        alg = _from_bundle(method, entry, horizon, options or {}, overrides, group_size)
     else:
         if options:
             raise DomainError(f"algorithm.options: method {method!r} is a preset; use loss_options / advantage_options")
@@ -167,3 +185,40 @@ def build_algorithm(
             advantage_options=advantage_options, loss_options=loss_options,
         )  # fmt: skip
     return with_penalties(alg, kl_fn, float(kl_coef), float(entropy_coef))
+
+
+METHODS.add(
+    "garl",
+    MethodBundle(garl_algorithm),
+    paper="Lin & Ie 2026, Tsallis loss continuum, arXiv:2604.25907 (Algorithm 1, reconstructed)",
+    summary="GARL: the RLOO gradient on trace weights w (reward, or the gold answer's likelihood) amplified by w_bar^-q.",
+)
+METHODS.add(
+    "paft",
+    MethodBundle(paft_algorithm),
+    paper="Lin & Ie 2026, Tsallis loss continuum, arXiv:2604.25907 (Algorithm 2, reconstructed)",
+    summary="PAFT: SFT on traces resampled in proportion to w, attenuated by w_bar^(1-q).",
+)
+METHODS.add(
+    "self_routing",
+    MethodBundle(self_routing_algorithm),
+    paper="Li et al. 2026, From Rollouts to Recipes (Self-Routing), arXiv:2609.01422",
+    summary="Self-Routing: each prompt routed to GRPO / self-teacher OPSD / REG (k3 to the reference) / SKIP "
+    "from its rollouts' accuracy and entropy confidence; per-queue token means weighted by queue size.",
+)
+
+METHODS.add(
+    "open_mopd",
+    MethodBundle(open_mopd_algorithm),
+    paper="Gao et al. 2026, Open-MOPD, arXiv:2608.19098",
+    summary="Open-MOPD: top-K distillation from teachers routed by domain (model.teachers), token-share x "
+    "gap-following weights on the advantage, reward refresh before every later update.",
+)
+
+METHODS.add(
+    "orarl",
+    MethodBundle(orarl_algorithm),
+    paper="Li et al. 2026, Annotations as Rollouts (OraRL), arXiv:2608.20492",
+    summary="OraRL: the task's reference solution as one oracle row per group (rollout.oracle); policy-only "
+    "baseline, directional gain, detached capped oracle advantage, sign-balanced selection (kept rows).",
+)

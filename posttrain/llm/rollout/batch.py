@@ -68,6 +68,20 @@ class RolloutBatch:
         kept: ``[B]`` boolean, False for rows a method leaves out of the loss after its advantages were
             computed (e.g. a selection of rows per group, or rows routed to no loss), or None (all kept).
             `loss_mask` drops them; the rewards and advantages of every row stay as computed.
+        domain: ``[B]`` integer domain index of each row's prompt (the task's `Problem.domain`; one value per
+            group), or None (unlabelled).
+        topk_advantages: ``[B, T, K]`` float per-candidate advantages on the ``topk_ids`` support (Open-MOPD's
+            weighted top-K reward of the current update), or None.
+        answer_mask: ``[B, T]`` boolean, True on tokens appended after each sampled trace and scored by
+            teacher forcing (a gold answer: `posttrain.llm.rollout.answer`), a subset of ``mask``; the
+            sampled tokens are ``mask & ~answer_mask``. None: every ``mask`` token was sampled.
+        route: ``[B]`` integer recipe id of each row chosen by a per-prompt router (Self-Routing: 0 GRPO,
+            1 OPSD, 2 REG, 3 SKIP; `posttrain.llm.methods.routing`), or None.
+        route_weight: ``[B]`` float, non-negative weight of each row's token loss that makes the token mean
+            over the kept rows equal the router's queue-size-weighted mean of per-queue token means, or None.
+        synthetic: ``[B]`` boolean, True for rows not sampled from the policy (e.g. a task's reference
+            solution appended to its group: `posttrain.llm.rollout.oracle`), or None (all sampled). They
+            are trained on like any row but left out of the logged reward statistics.
 
     Raises:
         ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
@@ -101,6 +115,12 @@ class RolloutBatch:
     judged: Bool[Tensor, " B"] | None = None
     sis_accepted: Bool[Tensor, "B T"] | None = None
     kept: Bool[Tensor, " B"] | None = None
+    domain: Int[Tensor, " B"] | None = None
+    topk_advantages: Float[Tensor, "B T K"] | None = None
+    answer_mask: Bool[Tensor, "B T"] | None = None
+    route: Int[Tensor, " B"] | None = None
+    route_weight: Float[Tensor, " B"] | None = None
+    synthetic: Bool[Tensor, " B"] | None = None
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -141,6 +161,50 @@ class RolloutBatch:
             check_mask("sis_accepted", self.sis_accepted, tuple(resp.shape))
         if self.kept is not None:
             check_mask("kept", self.kept, (b,))
+        self._check_domain_fields()
+        self._check_answer_mask(tuple(resp.shape))
+        self._check_route(b)
+        if self.synthetic is not None:
+            check_mask("synthetic", self.synthetic, (b,))
+
+    def _check_answer_mask(self, bt: tuple[int, ...]) -> None:
+        """``answer_mask``: boolean ``[B, T]``, only on ``mask`` tokens."""
+        if self.answer_mask is None:
+            return
+        check_mask("answer_mask", self.answer_mask, bt)
+        if bool((self.answer_mask & ~self.mask).any()):
+            raise DomainError("answer_mask: expected a subset of mask (appended tokens are response tokens)")
+
+    def _check_route(self, b: int) -> None:
+        """``route``: integer ``[B]``, non-negative; ``route_weight``: float ``[B]``, finite, non-negative."""
+        if self.route is not None:
+            _check_ids("route", self.route, (b,), ndim=1)
+            if bool((self.route < 0).any()):
+                raise DomainError(f"route: expected non-negative recipe ids, got {self.route.tolist()}")
+        if self.route_weight is not None:
+            check_float("route_weight", self.route_weight, ndim=1)
+            if tuple(self.route_weight.shape) != (b,):
+                raise ShapeError(f"route_weight: expected shape [{b}], got {list(self.route_weight.shape)}")
+            check_finite("route_weight", self.route_weight)
+            if bool((self.route_weight < 0).any()):
+                raise DomainError("route_weight: expected non-negative weights")
+
+    def _check_domain_fields(self) -> None:
+        """``domain``: integer ``[B]``, non-negative, one value per group; ``topk_advantages``: the shape of
+        ``topk_ids`` (required with it), finite on the mask."""
+        b = self.batch_size
+        if self.domain is not None:
+            d = _check_ids("domain", self.domain, (b,), ndim=1)
+            if b and bool((d < 0).any()):
+                raise DomainError(f"domain: expected non-negative domain indices, got {sorted(set(d.tolist()))}")
+            if b and not bool((d.reshape(-1, self.group_size) == d.reshape(-1, self.group_size)[:, :1]).all()):
+                raise DomainError("domain: the samples of one prompt (a group) must share its domain")
+        if self.topk_advantages is not None:
+            adv = check_float("topk_advantages", self.topk_advantages, ndim=3)
+            if self.topk_ids is None or adv.shape != self.topk_ids.shape:
+                want = "None" if self.topk_ids is None else list(self.topk_ids.shape)
+                raise ShapeError(f"topk_advantages: expected the shape of topk_ids ({want}), got {list(adv.shape)}")
+            check_finite("topk_advantages", adv, self.mask.unsqueeze(-1))
 
     def _check_topk(self, bt: tuple[int, ...]) -> None:
         """``topk_ids`` and the ``[B, T, K]`` log-prob fields: ranks, dtypes, one shared ``[B, T, K]``, finite on the mask."""

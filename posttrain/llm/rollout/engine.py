@@ -179,6 +179,9 @@ class HFEngine:
     usable in a training forward.
     """
 
+    COMPACT_BELOW = 0.75
+    """Finished rows leave the model's batch when fewer than this fraction of it still runs."""
+
     def __init__(
         self,
         model: Any,
@@ -187,7 +190,13 @@ class HFEngine:
         eos_id: int,
         sampling: SamplingConfig | None = None,
         synced_gpus: bool = False,
+        stop_check_every: int | None = None,
     ) -> None:
+        """``stop_check_every``: tokens between stop tests (host syncs); None: 1 on CPU, where a sync
+        is free and a wasted forward is not, and 8 on an accelerator."""
+        if stop_check_every is not None:
+            check_positive("stop_check_every", stop_check_every)
+        self.stop_check_every = stop_check_every
         self.model = model
         self.pad_id = int(pad_id)
         self.eos_id = int(eos_id)
@@ -218,48 +227,93 @@ class HFEngine:
     def _sample(
         self, ids: Int[Tensor, "B P"], pmask: Bool[Tensor, "B P"], generator: torch.Generator, *, greedy: bool
     ) -> tuple[Int[Tensor, "B T"], Float[Tensor, "B T"]]:
-        """Token ids and log-probs $\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}$ of up to ``max_new_tokens`` steps."""
+        """Token ids and log-probs $\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}$ of up to ``max_new_tokens`` steps.
+
+        The attention mask and the positions of every step are allocated once (each step passes a
+        view); the stop test (a host sync) runs every `stop_check_every` tokens, the steps taken
+        past the end are cut off at the end (one sync). At a stop test, once fewer than
+        `COMPACT_BELOW` of the rows in the model's batch still run, the finished rows leave it
+        (their KV cache rows too); every row is still sampled, from its last logits, so the
+        sampler consumes the same random numbers as ``generate`` (``multinomial`` draws one
+        exponential per entry of ``[B, V]``) and the tokens are unchanged.
+        """
         from transformers import DynamicCache
 
-        s, rows = self.sampling, ids.shape[0]
+        s, rows, width = self.sampling, ids.shape[0], ids.shape[1]
         tau = 1.0 if greedy else s.temperature
-        attn = pmask.long()
-        positions = position_ids(attn)
+        attn = torch.ones(rows, width + s.max_new_tokens, dtype=torch.long, device=ids.device)
+        attn[:, :width] = pmask
+        positions = position_ids(attn[:, :width])
+        future = positions[:, -1:] + torch.arange(1, s.max_new_tokens + 1, device=ids.device)  # [B, T] positions
         cache = DynamicCache(config=self.model.config)
+        keyword = _cache_keyword(self.model)
         out = self.model(
             input_ids=ids,
-            attention_mask=attn,
+            attention_mask=attn[:, :width],
             position_ids=positions,
-            **{_cache_keyword(self.model): cache},
+            **{keyword: cache},
             use_cache=True,
             logits_to_keep=1,
         )
-        position = positions[:, -1:]
+        logits = out.logits[:, -1]  # [B, V]: the rows outside the model's batch keep their last logits
+        batch: Tensor | None = None  # the rows in the model's batch (None: all, in order)
         running = torch.ones(rows, dtype=torch.bool, device=ids.device)
-        tokens, logps = [], []
+        tokens = torch.full((rows, s.max_new_tokens), self.pad_id, dtype=torch.long, device=ids.device)
+        logps: Tensor | None = None
+        alive = torch.zeros(s.max_new_tokens, dtype=torch.bool, device=ids.device)
+        every = self.stop_check_every or (1 if ids.device.type == "cpu" else 8)
+        taken = s.max_new_tokens
         for step in range(s.max_new_tokens):
-            z = widened(out.logits[:, -1]) / tau  # [B, V]
+            z = widened(logits) / tau  # [B, V]
             if greedy:
                 y = z.argmax(dim=-1)
             else:
                 probs = _truncated(z, top_k=s.top_k, top_p=s.top_p).softmax(dim=-1)
                 y = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
             y = torch.where(running, y, self.pad_id)
-            tokens.append(y)
-            logps.append(torch.log_softmax(z, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1))
+            tokens[:, step] = y
+            lp = torch.log_softmax(z, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+            if logps is None:
+                logps = lp.new_zeros(rows, s.max_new_tokens)
+            logps[:, step] = lp
             running = running & (y != self.eos_id)
-            if step + 1 == s.max_new_tokens or not self._any_running(running):
+            alive[step] = running.any()
+            if step + 1 == s.max_new_tokens:
                 break
-            attn = torch.cat([attn, attn.new_ones(rows, 1)], dim=1)
-            position = position + 1
+            if (step + 1) % every == 0:
+                if not self._any_running(running):
+                    taken = step + 1
+                    break
+                if not self.synced_gpus:
+                    batch, attn, future = self._compact(cache, running, batch, attn, future)
+            rows_in = y if batch is None else y[batch]
             out = self.model(
-                input_ids=y.unsqueeze(-1),
-                attention_mask=attn,
-                position_ids=position,
-                **{_cache_keyword(self.model): cache},
+                input_ids=rows_in.unsqueeze(-1),
+                attention_mask=attn[:, : width + step + 1],
+                position_ids=future[:, step : step + 1],
+                **{keyword: cache},
                 use_cache=True,
             )
-        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1)
+            if batch is None:
+                logits = out.logits[:, -1]
+            else:
+                logits = logits.index_copy(0, batch, out.logits[:, -1])
+        assert logps is not None
+        # generate stops after the step at which the last row ended: keep that many steps (one sync)
+        keep = min(taken, int(alive[:taken].sum()) + 1)
+        return tokens[:, :keep], logps[:, :keep]
+
+    def _compact(
+        self, cache: Any, running: Tensor, batch: Tensor | None, attn: Tensor, future: Tensor
+    ) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Drop the finished rows from the model's batch once fewer than `COMPACT_BELOW` of it run."""
+        inside = running if batch is None else running[batch]
+        still = inside.nonzero().squeeze(-1)
+        if still.numel() == 0 or still.numel() >= self.COMPACT_BELOW * inside.numel():
+            return batch, attn, future
+        cache.batch_select_indices(still)
+        rows = still if batch is None else batch[still]
+        return rows, attn[still], future[still]
 
     def _any_running(self, running: Bool[Tensor, " B"]) -> bool:
         """Whether a row still samples, on any rank with ``synced_gpus`` (one host sync per token)."""

@@ -73,6 +73,11 @@ class RewardFunctionTask:
     def solution(self, problem: Problem, rng: Any) -> str:
         return self.task.solution(problem, rng)
 
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The wrapped task's domain names (multi-teacher routing), if it labels any."""
+        return tuple(getattr(self.task, "domains", ()))
+
     def held_out(self, rng: Any, n: int) -> list[Problem]:
         """The wrapped task's evaluation problems (its ``held_out`` split, else its samples)."""
         split = getattr(self.task, "held_out", None)

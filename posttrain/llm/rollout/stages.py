@@ -45,6 +45,8 @@ class StepContext:
         prompts: this rank's G prompts as token id lists, one per group.
         score: ``score(response_ids [B, T], mask [B, T], n) -> rewards [B]`` of group-major rows, ``n`` per prompt.
         pad_id: the tokenizer's pad id. temperature: the sampling temperature.
+        problems: this rank's G problems (`posttrain.llm.rollout.tasks.Problem`: prompt, gold answer, task
+            data), one per group, in the order of ``prompts``; empty where the caller has none.
     """
 
     step: int
@@ -56,6 +58,7 @@ class StepContext:
     score: Callable[[Tensor, Tensor, int], Tensor]
     pad_id: int
     temperature: float
+    problems: Sequence[Any] = ()
 
 
 @runtime_checkable

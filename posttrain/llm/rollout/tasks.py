@@ -9,6 +9,7 @@ characters of `posttrain.llm.tools.tiny.ALPHABET`.
 - ``countdown``: ``"3,5,7>22:"`` → an expression over + - * using each number exactly once that
   equals the target (``"3*5+7"``; several answers).
 - ``multiple``: ``"m7<50:"`` → any positive multiple of 7 below 50 (several answers).
+- ``mixture``: several of these as labelled domains (`Problem.domain`), e.g. addition and multiple.
 - ``jsonl``: ``{"prompt": ..., "answer": ...}`` lines from a file, scored by a named verifier.
 - ``dataset``: rows of a local JSON / JSONL / parquet file through ``datasets``, with a column mapping.
 - ``chat_addition``: ``"What is 37+48? Answer with just the number."`` → a reply whose last number
@@ -19,12 +20,14 @@ Tasks are registered under ``registry("task")``; `make_task` builds one by name.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import math
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,6 +49,8 @@ class Problem:
     data: tuple[int, ...] = ()
     columns: tuple[tuple[str, Any], ...] = ()
     """Extra dataset columns ``(name, value)`` (a reward function gets them as keyword lists)."""
+    domain: int | None = None
+    """Index of the problem's domain in its task's ``domains`` names (multi-teacher routing), or None."""
 
 
 class Task(Protocol):
@@ -193,6 +198,65 @@ class ChatAddition:
 
 
 @dataclass(frozen=True)
+class Mixture:
+    """Problems of several registered tasks, each labelled with its domain (multi-teacher routing).
+
+    ``tasks`` maps a domain name to a task name or to ``{"task": name, "options": {...}}``;
+    ``weights`` are the sampler's ratios by domain name (default: equal; a domain left out gets 0). A problem
+    draws its domain, then one problem of that domain's task, which scores and solves it. The
+    task's `domains` are the names in the order given; `Problem.domain` is the index.
+    """
+
+    tasks: dict[str, Any]
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tasks, dict) or not self.tasks:
+            raise DomainError(f"data.options.tasks: expected a non-empty mapping domain -> task, got {self.tasks!r}")
+        parts = []
+        for name, entry in self.tasks.items():
+            spec = {"task": entry} if isinstance(entry, str) else entry
+            if not isinstance(spec, dict) or not isinstance(spec.get("task"), str) or set(spec) - {"task", "options"}:
+                raise DomainError(
+                    f"data.options.tasks.{name}: expected a task name or {{task: name, options: {{...}}}}, got {entry!r}"
+                )
+            if spec["task"] == "mixture" or spec["task"] not in TASKS.names():
+                valid = ", ".join(n for n in TASKS.names() if n != "mixture")
+                raise DomainError(f"data.options.tasks.{name}: unknown task {spec['task']!r}; valid: {valid}")
+            parts.append(make_task(spec["task"], **dict(spec.get("options") or {})))
+        unknown = sorted(set(self.weights) - set(self.tasks))
+        if unknown:
+            raise DomainError(f"data.options.weights: unknown domain(s) {unknown}; domains: {list(self.tasks)}")
+        ratios = [float(self.weights.get(n, 1.0 if not self.weights else 0.0)) for n in self.tasks]
+        if any(not math.isfinite(r) or r < 0 for r in ratios) or not sum(ratios) > 0:
+            raise DomainError(f"data.options.weights: expected non-negative ratios, not all 0, got {self.weights!r}")
+        object.__setattr__(self, "_parts", tuple(parts))
+        object.__setattr__(self, "_ratios", tuple(ratios))
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The domain names, in the order of ``tasks``."""
+        return tuple(self.tasks)
+
+    def _part(self, problem: Problem) -> Any:
+        parts: tuple[Any, ...] = self._parts  # type: ignore[attr-defined]
+        if problem.domain is None or not 0 <= problem.domain < len(parts):
+            raise DomainError(f"problem.domain: expected an index in [0, {len(parts)}), got {problem.domain!r}")
+        return parts[problem.domain]
+
+    def sample(self, rng: random.Random, n: int) -> list[Problem]:
+        parts: tuple[Any, ...] = self._parts  # type: ignore[attr-defined]
+        picks = rng.choices(range(len(parts)), weights=self._ratios, k=n)  # type: ignore[attr-defined]
+        return [dataclasses.replace(parts[d].sample(rng, 1)[0], domain=d) for d in picks]
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        return float(self._part(problem).reward(problem, completion))
+
+    def solution(self, problem: Problem, rng: random.Random) -> str:
+        return str(self._part(problem).solution(problem, rng))
+
+
+@dataclass(frozen=True)
 class JsonlTask:
     """Problems from a JSONL file (``prompt``, ``answer`` keys), scored by a registered verifier."""
 
@@ -256,7 +320,9 @@ class DatasetTask:
     reward function (``data.reward``) as a keyword list; without one, completions are scored by the
     registered ``verifier`` against the answer column. Held-out problems (evaluation) come from
     ``eval_path`` when set, else from the last ``eval_fraction`` of the rows (those then never train);
-    with neither, evaluation samples the training rows.
+    with neither, evaluation samples the training rows. ``domain``: the column of each row's domain
+    label (multi-teacher routing, ``model.teachers``); the task's `domains` are its distinct training
+    values, sorted, and each `Problem` carries the index of its own.
     """
 
     path: str
@@ -266,6 +332,7 @@ class DatasetTask:
     verifier: str = "numeric"
     eval_path: str | None = None
     eval_fraction: float = 0.0
+    domain: str | None = None
 
     def __post_init__(self) -> None:
         if self.format is not None and self.format not in ("json", "jsonl", "parquet"):
@@ -282,8 +349,10 @@ class DatasetTask:
                 "evaluation row"
             )
         held = self._problems("data.options.eval_path", self.eval_path) if self.eval_path else rows[cut:]
-        object.__setattr__(self, "_train", rows[:cut])
-        object.__setattr__(self, "_held", held or rows[:cut])
+        names = tuple(sorted({str(dict(p.columns)[self.domain]) for p in rows[:cut]})) if self.domain else ()
+        object.__setattr__(self, "_domains", names)
+        object.__setattr__(self, "_train", self._labelled(rows[:cut]))
+        object.__setattr__(self, "_held", self._labelled(held) or self._labelled(rows[:cut]))
         factory: Any = VERIFIERS.get(self.verifier)
         object.__setattr__(self, "_score", factory())
 
@@ -291,8 +360,8 @@ class DatasetTask:
         rows = _load_rows(where, path, self.format)
         if not rows:
             raise DomainError(f"{where}: {path!r} has no rows")
-        for key, column in (("prompt", self.prompt), ("answer", self.answer)):
-            if column not in rows[0]:
+        for key, column in (("prompt", self.prompt), ("answer", self.answer), ("domain", self.domain)):
+            if column is not None and column not in rows[0]:
                 raise DomainError(
                     f"data.options.{key}: no column {column!r} in {path!r}; columns: {', '.join(rows[0])}"
                 )
@@ -302,6 +371,24 @@ class DatasetTask:
                     columns=tuple((c, r[c]) for c in extra))
             for r in rows
         ]  # fmt: skip
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        """The domain labels of the ``domain`` column (sorted); empty without one."""
+        names: tuple[str, ...] = self._domains  # type: ignore[attr-defined]
+        return names
+
+    def _labelled(self, problems: list[Problem]) -> list[Problem]:
+        """``problems`` with their domain index set (unchanged without a ``domain`` column)."""
+        if self.domain is None:
+            return problems
+        labels = [str(dict(p.columns)[self.domain]) for p in problems]
+        unknown = sorted(set(labels) - set(self.domains))
+        if unknown:
+            raise DomainError(
+                f"data.options.domain: held-out label(s) {unknown} not among the training labels {list(self.domains)}"
+            )
+        return [dataclasses.replace(p, domain=self.domains.index(x)) for p, x in zip(problems, labels, strict=True)]
 
     def sample(self, rng: random.Random, n: int) -> list[Problem]:
         problems: list[Problem] = self._train  # type: ignore[attr-defined]
@@ -326,6 +413,7 @@ TASKS.add("multiple", Multiple, summary="Name a positive multiple of a below b (
 TASKS.add(
     "chat_addition", ChatAddition, summary="'What is a+b?' in words for chat models; the reply's last number is scored."
 )
+TASKS.add("mixture", Mixture, summary="Several tasks as labelled domains (sampler weights), for multi-teacher routing.")
 TASKS.add("jsonl", JsonlTask, summary="Prompt/answer pairs from a JSONL file, scored by a named verifier.")
 TASKS.add(
     "dataset",

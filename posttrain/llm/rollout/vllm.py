@@ -26,7 +26,13 @@ import torch
 
 from posttrain.llm.rollout.engine import Rollouts, SamplingConfig, left_pad
 
-__all__ = ["VLLMEngine"]
+__all__ = ["VLLMEngine", "default_enforce_eager"]
+
+
+def default_enforce_eager() -> bool:
+    """Eager where there are no CUDA graphs to capture (CPU); on a CUDA device False, so that vLLM
+    replays captured graphs for its decode steps instead of launching every kernel from Python."""
+    return not torch.cuda.is_available()
 
 
 class VLLMEngine:
@@ -40,6 +46,7 @@ class VLLMEngine:
         eos_id, pad_id: token ids; responses end at ``eos_id`` (included in the mask).
         device: where the returned tensors go (the trainer's device).
         gpu_memory_utilization: fraction of GPU memory vLLM may take (ignored on CPU).
+        enforce_eager: vLLM's ``enforce_eager`` (no CUDA graphs); None: `default_enforce_eager`.
     """
 
     def __init__(
@@ -54,6 +61,7 @@ class VLLMEngine:
         device: str | torch.device = "cpu",
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
@@ -64,7 +72,7 @@ class VLLMEngine:
             "model": str(model_dir),
             "dtype": dtype,
             "seed": seed,
-            "enforce_eager": True,
+            "enforce_eager": default_enforce_eager() if enforce_eager is None else bool(enforce_eager),
             "logprobs_mode": "processed_logprobs",
         }
         if max_model_len is not None:

@@ -24,7 +24,9 @@ both may carry a ``flops:`` section that sets or overrides the accounting's fiel
       reward: {kind: rule, n_params: 0, steps: 1, judge_output_tokens: 0}
 
 The llm config's tiny model (``model.path: null``) gives ``N`` from its architecture (attention with
-grouped KV heads + gated MLP, embeddings excluded); a hub/local model needs ``flops.n_params``.
+grouped KV heads + gated MLP, and the ``[V, d]`` LM head, whose matmul costs ``2 V d`` FLOPs a token
+even when tied; the input embedding, a lookup, excluded); a hub/local model needs ``flops.n_params``
+(count its LM head in it: ``V d`` is about a quarter of Qwen2.5-0.5B's multiplies).
 ``T_p`` of an llm config is the mean token count of 256 of its task's prompts (seeded by ``seed``):
 characters for the tiny model's one-token-per-character tokenizer, the tokenizer of a local
 ``model.path`` directory otherwise; a hub id needs ``flops.prompt_tokens``.
@@ -42,7 +44,7 @@ import numpy as np
 
 from posttrain.errors import DomainError
 from posttrain.llm.config import config_from_dict, from_mapping, parse_scalar
-from posttrain.llm.tools.tiny import TinyConfig
+from posttrain.llm.tools.tiny import TinyConfig, char_tokenizer
 from posttrain.theory.race_flops import FlopSplit, PolicyCost, RewardCost, RewardKind, flops_per_step
 
 __all__ = ["FlopsPlan", "load_plan", "plan_flops", "plan_from_mapping"]
@@ -115,7 +117,7 @@ def _from_llm(raw: Mapping[str, Any]) -> dict[str, Any]:
         d, kv = tiny.hidden_size, tiny.hidden_size * tiny.num_key_value_heads // tiny.num_attention_heads
         per_layer = 2 * d * d + 2 * d * kv + 3 * d * tiny.intermediate_size  # q, o; k, v (GQA); gated MLP
         out.update(
-            n_params=float(tiny.num_hidden_layers * per_layer),
+            n_params=float(tiny.num_hidden_layers * per_layer + len(char_tokenizer()) * d),  # + the LM head
             n_layer=tiny.num_hidden_layers,
             d_model=tiny.hidden_size,
         )

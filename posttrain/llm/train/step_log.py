@@ -7,13 +7,17 @@ reference model, null without a KL term), ``entropy`` (mean token entropy of the
 responses), ``response_len``, ``loss``, ``grad_norm``, ``lr``, ``clip_frac`` and ``policy_kl``
 (last update), ``logp_gap`` (mean ``|logp_old - logp|`` at the first, on-policy update: the
 engine/trainer mismatch), ``gen_time_s``, ``step_time_s``, the FLOP split, then the metrics of the
-bundle's hook (averaged over the updates) and of the rollout stages.
+bundle's hook (averaged over the updates) and of the rollout stages. Rows not sampled from the policy
+(``RolloutBatch.synthetic``, e.g. an appended reference solution) are left out of ``reward_mean``,
+``reward_std`` and ``response_len``: they would inflate the training curves.
 
 FLOPs per step (RACE accounting, `posttrain.theory.race_flops.flops_per_step`, arXiv:2607.13389):
 ``flops/search``, ``flops/learning``, ``flops/reward``, ``flops/total``, ``flops/p`` from the step's
 actual prompt and response token counts, every rollout trained ``updates_per_batch`` times, a
 reference forward when the algorithm needs ``logp_ref``, a rule verifier (0 reward FLOPs). ``N``
-is `policy_cost`'s count of the model's non-embedding matrices. Not counted: other filled
+is `policy_cost`'s count of the model's weight matrices with the LM head (its ``[V, d]`` matmul
+costs ``2 V d`` FLOPs a token, tied to the input embedding or not: about a quarter of
+Qwen2.5-0.5B's) and without the input embedding (a lookup, no multiply). Not counted: other filled
 needs (teacher forwards) and extra forwards of hooks and stages (SIS, replay re-scoring, RAIL features).
 """
 
@@ -30,17 +34,21 @@ from posttrain.theory.race_flops import FlopSplit, PolicyCost, flops_per_step
 __all__ = ["policy_cost", "step_flops", "step_metrics"]
 
 
-def policy_cost(model: torch.nn.Module) -> PolicyCost:
-    """RACE size facts of a causal LM: ``N`` = elements of its weight matrices other than the input and
-    output embeddings (biases and norms excluded, as in ``posttrain flops``); ``n_layer``, ``d_model``
-    from the HF config when present."""
+def policy_cost(model: torch.nn.Module, *, lm_head: bool = True) -> PolicyCost:
+    """RACE size facts of a causal LM: ``N`` = elements of its weight matrices other than the input
+    embedding (biases and norms excluded, as in ``posttrain flops``), the LM head included once
+    even when tied to the input embedding (``lm_head=False``: without it, the non-embedding count of
+    scaling laws); ``n_layer``, ``d_model`` from the HF config when present."""
     bare = getattr(model, "module", model)
     skip: set[int] = set()
+    head = getattr(bare, "get_output_embeddings", lambda: None)()
     for get in ("get_input_embeddings", "get_output_embeddings"):
         emb = getattr(bare, get, lambda: None)()
         if emb is not None:
             skip.update(id(p) for p in emb.parameters())
     n = sum(p.numel() for p in bare.parameters() if p.ndim >= 2 and id(p) not in skip)
+    if lm_head and head is not None:
+        n += sum(p.numel() for p in head.parameters() if p.ndim >= 2)
     config = getattr(bare, "config", None)
     return PolicyCost(
         float(n),
@@ -81,7 +89,8 @@ def step_metrics(
 ) -> dict[str, Any]:
     """The ``metrics.jsonl`` row of a step; ``stats`` are the last update's loss statistics (None: no update)."""
     judged = batch.judged_groups().repeat_interleave(batch.group_size)
-    rewards = batch.rewards[judged]
+    sampled = torch.ones_like(judged) if batch.synthetic is None else ~batch.synthetic
+    rewards = batch.rewards[judged & sampled]
     return {
         "step": step,
         "reward_mean": float(rewards.mean()) if rewards.numel() else None,
@@ -90,7 +99,7 @@ def step_metrics(
         "excluded_groups": int((~batch.judged_groups()).sum()),
         "kl": stats.get("kl"),
         "entropy": stats["entropy"],
-        "response_len": float(batch.mask.sum(dim=1).float().mean()),
+        "response_len": float(batch.mask[sampled].sum(dim=1).float().mean()),
         "loss": stats["loss"],
         "grad_norm": grad_norm,
         "lr": lr,

@@ -47,7 +47,6 @@ from posttrain.llm.config import RunConfig
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext, update_seed
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import RolloutEngine
-from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.stages import RolloutStage, StepContext
 from posttrain.llm.rollout.tasks import Problem, Task
 from posttrain.llm.rollout.text import decode_responses, encode_prompts, score_responses
@@ -152,12 +151,14 @@ class Trainer:
             prompt_ids=r.prompt_ids, prompt_mask=r.prompt_mask, response_ids=r.response_ids, mask=r.mask,
             rewards=rewards.to(r.mask.device), group_size=n, logp_old=r.logp,
             judged=None if bool(judged.all()) else judged.to(r.mask.device),
+            domain=None if any(p.domain is None for p in problems) else  # the prompts' domain labels, if any
+            torch.tensor([p.domain for p in problems], device=r.mask.device).repeat_interleave(n),
         )  # fmt: skip
         self.stage_unjudged = 0
         self.context = StepContext(
             self.step, cfg.optim.steps, seed, self.policy, self.engine, prompts,
             lambda ids, mask, m: self._stage_score(problems, ids, mask, m), self.tokenizer.pad_token_id,
-            cfg.rollout.temperature,
+            cfg.rollout.temperature, problems,
         )  # fmt: skip
         fresh, self.stage_logs = batch, {}
         for stage in self.stages:  # e.g. RAIL branches, replayed groups
@@ -215,12 +216,8 @@ class Trainer:
         for i, mb in enumerate(parts):
             lm = mb.loss_mask()
             with gradient_sync(self.model, i == len(parts) - 1):  # reduce gradients after the last micro-batch
-                logp, entropy = token_logprobs(
-                    self.model, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask,
-                    temperature=self.cfg.rollout.temperature, with_entropy=True, entropy_grad=alg.wants_entropy,
-                )  # fmt: skip
-                assert entropy is not None
-                tok_loss, diag = alg.token_loss(logp, entropy if alg.wants_entropy else None, mb)
+                logp, entropy, live = alg.log_probs(self.model, mb, temperature=self.cfg.rollout.temperature)
+                tok_loss, diag = alg.token_loss(logp, entropy if alg.wants_entropy else None, mb, live)
                 if not bool(lm.any()):  # every group here unjudged: no loss, but join the gradient all-reduce
                     (tok_loss.sum() * 0.0).backward()
                     continue

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.llm.run import build_trainer
-from posttrain.llm.tools.tiny import TinyConfig
+from posttrain.llm.tools.tiny import TinyConfig, char_tokenizer
 from posttrain.theory.race_flops import PolicyCost, flops_per_step
 from tests.llm._lift import record_rollouts, small_config
 
@@ -24,6 +24,7 @@ def test_logged_flops_equal_flops_per_step_on_the_batch(tmp_path: Path) -> None:
     tiny = TinyConfig(**cfg.model.tiny)  # N by hand: q, o; k, v (grouped heads); gated MLP, per layer
     d, kv = tiny.hidden_size, tiny.hidden_size * tiny.num_key_value_heads // tiny.num_attention_heads
     n = tiny.num_hidden_layers * (2 * d * d + 2 * d * kv + 3 * d * tiny.intermediate_size)
+    n += len(char_tokenizer()) * d  # the LM head's [V, d] matmul (tied to the input embedding)
     assert len(logged) == len(batches) == cfg.optim.steps
     for row, batch in zip(logged, batches, strict=True):
         g, k = cfg.data.prompts_per_step, cfg.rollout.group_size
@@ -34,3 +35,20 @@ def test_logged_flops_equal_flops_per_step_on_the_batch(tmp_path: Path) -> None:
         assert row["flops/reward"] == 0.0 and row["flops/total"] == want.total and row["flops/p"] == want.p
     # the search cost follows the sampled lengths: one forward (2N) per prompt prefill and per generated token
     assert logged[-1]["flops/search"] == 2 * n * (sum(prompt) + sum(map(sum, response)))
+
+
+def test_policy_cost_counts_the_lm_head_once_and_agrees_with_posttrain_flops() -> None:
+    """N with the LM head = N without it + V d (tied head: one matrix, two uses); the plan's tiny N agrees."""
+    from posttrain.llm.tools.flops import plan_from_mapping
+    from posttrain.llm.tools.tiny import tiny_model
+    from posttrain.llm.train.step_log import policy_cost
+
+    tiny = TinyConfig()
+    vocab = len(char_tokenizer())
+    for tied in (True, False):
+        model = tiny_model(TinyConfig(tie_word_embeddings=tied), vocab)
+        with_head, without = policy_cost(model).n_params, policy_cost(model, lm_head=False).n_params
+        assert with_head - without == vocab * tiny.hidden_size
+    cfg = small_config()
+    plan = plan_from_mapping({"model": {"tiny": cfg.model.tiny}, "data": {"task": "addition"}})
+    assert plan.n_params == policy_cost(tiny_model(TinyConfig(**cfg.model.tiny), vocab)).n_params

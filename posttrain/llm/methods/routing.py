@@ -1,0 +1,425 @@
+r"""Self-Routing in the LLM trainer (docs: methods/self_routing.md): one recipe per prompt per step.
+
+``algorithm.method: self_routing``. Every step the G prompts' K rollouts are routed to one of four
+recipes from their own behaviour state, then one loss sums the per-queue losses:
+
+- **routing** (`RoutingStage`, a rollout stage, the last one of the step): one no-grad forward of
+  the policy gives the full-vocabulary entropy of every response token at the sampling temperature
+  (at rollout time the policy is the behaviour policy; the engines do not return entropies); each
+  rollout's masked mean entropy and its binary reward feed
+  `self_routing_probabilities` (accuracy memberships, batch-calibrated confidences, the
+  *reconstructed* features, the four scores, $p = s/\sum s$), and `sample_routes` draws one recipe
+  per prompt from uniforms of a seed stream of its own (`route_seed` of the step's rollout seed).
+  The batch gets ``route`` (the recipe of each row), ``kept`` (False on SKIP rows: `loss_mask`
+  drops them) and ``route_weight`` (`queue_token_weights`), and the step logs the route counts
+  ``routing/n_grpo`` ... ``routing/n_skip`` and the mean probabilities ``routing/p_grpo`` ...;
+- **GRPO** rows: group-normalised advantages and PPO-clip (clip 0.2);
+- **OPSD** rows: on-policy self-distillation with the sampled-token signal of OPD: PPO-clip on the
+  advantage $\ell^T_t - \ell^{old}_t$ (`opd_token_advantages`), where $\ell^T$ is the self-teacher's
+  log-prob of the student's own response ids scored after a *privileged* prompt
+  (``context_template`` with the problem's ``{prompt}``, its gold ``{answer}`` and/or the task's
+  ``{solution}``), re-encoded with the run's chat template; the response ids are never re-tokenised.
+  The self-teacher is ``model.teacher`` if set, else the frozen reference (``model.reference``, by
+  default the initial weights);
+- **REG** rows: $\beta_{REG}\,\mathrm{k3}(\ell, \ell_{ref})$ to the frozen reference;
+- **SKIP** rows: no loss, no gradient, counted nowhere.
+
+The per-token loss of row $i$ is $w_i\,\ell^{q(i)}_{it}$ and the trainer's token-mean
+aggregation over the kept rows then equals `routed_loss`: per-queue token means weighted by the
+queue sizes (in prompts), so a queue of long responses does not dominate by its token count. The
+teacher-context and reference forwards run only on the OPSD and REG rows (`queue_filler`).
+
+Simplifications: the routing batch is the rank's share of the prompts (data-parallel ranks route
+and normalise their queues separately); groups with an unjudged reward are routed to SKIP and left
+out of the calibration; a KL term or entropy bonus set in the config is added unweighted to every
+kept row; the trainer's FLOPs estimate counts a reference forward of every row. OPSD is the
+sampled-token form (reading A of the paper with the OPD estimator), not a full-vocabulary KL.
+
+Reference: Li, Zhang, Huang, Ma, Liu, Liu 2026, From Rollouts to Recipes (arXiv:2609.01422).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from posttrain.errors import DomainError
+from posttrain.estimators import (
+    AggregationMode,
+    broadcast_sequence_advantages,
+    clipped_ratio_loss,
+    group_normalized_advantages,
+    k3_kl,
+    masked_mean,
+    zero_off_mask,
+)
+from posttrain.estimators.distill import opd_token_advantages
+from posttrain.estimators.routing import (
+    RECIPES,
+    DeltaMode,
+    Recipe,
+    queue_token_weights,
+    sample_routes,
+    self_routing_probabilities,
+)
+from posttrain.llm.methods.algorithm import Algorithm
+from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.rollout.engine import left_pad
+from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.stages import StepContext
+from posttrain.llm.rollout.tasks import Problem
+from posttrain.llm.rollout.text import encode_prompts
+
+__all__ = [
+    "PromptBook",
+    "RecordingTask",
+    "RoutingOptions",
+    "RoutingStage",
+    "queue_filler",
+    "route_batch",
+    "route_seed",
+    "routing_edge",
+    "self_routing_algorithm",
+]
+
+ROUTE_STREAM = 0x2047E
+"""Tag of the router's seed stream (distinct from the engine's and the ``before_update`` hooks')."""
+
+CONTEXT_FIELDS = ("prompt", "answer", "solution")
+"""The fields a ``context_template`` may use."""
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    """Self-Routing's options (``algorithm.options``); every bad value names its key.
+
+    Attributes:
+        beta_reg: weight of the REG queue's k3 KL to the reference (>= 0).
+        delta_mode: how the confidence deviation is mapped to [0, 1] (`DeltaMode`).
+        sigma_l, sigma_m, sigma_h: widths of the accuracy memberships (> 0; the paper's 0.18, 0.16, 0.18).
+        context_template: the self-teacher's prompt, a format string over ``{prompt}`` (required),
+            ``{answer}`` (the problem's gold answer) and ``{solution}`` (the task's written solution).
+        clip_low, clip_high: PPO-clip range of the GRPO and OPSD queues.
+    """
+
+    beta_reg: float = 0.1
+    delta_mode: str = DeltaMode.MINMAX.value
+    sigma_l: float = 0.18
+    sigma_m: float = 0.16
+    sigma_h: float = 0.18
+    context_template: str = "The correct final answer is {answer}.\n\n{prompt}"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+
+    def __post_init__(self) -> None:
+        def bad(key: str, want: str) -> DomainError:
+            return DomainError(f"algorithm.options.{key}: expected {want}, got {getattr(self, key)!r}")
+
+        for key in ("beta_reg", "sigma_l", "sigma_m", "sigma_h", "clip_low", "clip_high"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+                raise bad(key, "a finite number")
+        if self.beta_reg < 0:
+            raise bad("beta_reg", "a number >= 0")
+        for key in ("sigma_l", "sigma_m", "sigma_h", "clip_low", "clip_high"):
+            if getattr(self, key) <= 0:
+                raise bad(key, "a number > 0")
+        if self.delta_mode not in [m.value for m in DeltaMode]:
+            raise bad("delta_mode", f"one of {[m.value for m in DeltaMode]}")
+        if not isinstance(self.context_template, str):
+            raise bad("context_template", "a format string")
+        try:
+            names = {f[1] for f in string.Formatter().parse(self.context_template) if f[1] is not None}
+        except ValueError as exc:
+            raise bad("context_template", f"a format string ({exc})") from None
+        if "prompt" not in names or not names <= set(CONTEXT_FIELDS):
+            raise bad("context_template", f"a format string with {{prompt}} and fields among {list(CONTEXT_FIELDS)}")
+
+
+_DEFAULT = RoutingOptions()
+
+
+def route_seed(step_seed: int) -> int:
+    """The router's seed of a step: a 63-bit hash of the step's rollout seed tagged as the router's stream.
+
+    Examples:
+        >>> route_seed(7) == route_seed(7) != route_seed(8)
+        True
+    """
+    state = np.random.SeedSequence([int(step_seed), ROUTE_STREAM]).generate_state(1, np.uint64)[0]
+    return int(state >> np.uint64(1))
+
+
+def route_batch(
+    batch: RolloutBatch, mean_entropy: Tensor, uniforms: Tensor, options: RoutingOptions = _DEFAULT
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """The batch with ``route``, ``kept`` and ``route_weight`` set, and the route counts and mean probabilities.
+
+    Args:
+        batch: the step's rollout batch (rewards binary: 1 = correct).
+        mean_entropy: ``[B]`` each rollout's mean token entropy.
+        uniforms: ``[G]`` uniforms in [0, 1), one per prompt (from a seeded generator).
+
+    Groups with an unjudged reward are routed to SKIP and left out of the calibration batch.
+    """
+    g, k = batch.num_groups, batch.group_size
+    if tuple(mean_entropy.shape) != (batch.batch_size,) or tuple(uniforms.shape) != (g,):
+        raise DomainError(
+            f"mean_entropy, uniforms: expected shapes [{batch.batch_size}] and [{g}], "
+            f"got {list(mean_entropy.shape)} and {list(uniforms.shape)}"
+        )
+    judged = batch.judged_groups().cpu()
+    rewards = batch.grouped_rewards().detach().cpu().double()[judged]
+    entropy = mean_entropy.detach().cpu().double().reshape(g, k)[judged]
+    probs = torch.zeros(g, len(RECIPES), dtype=torch.float64)
+    routes = torch.full((g,), int(Recipe.SKIP), dtype=torch.long)
+    if bool(judged.any()):
+        sigmas = {"sigma_l": options.sigma_l, "sigma_m": options.sigma_m, "sigma_h": options.sigma_h}
+        probs[judged] = self_routing_probabilities(rewards, entropy, delta_mode=options.delta_mode, **sigmas)
+        routes[judged] = sample_routes(probs[judged], uniforms.detach().cpu().double()[judged])
+    device = batch.mask.device
+    row_routes = routes.repeat_interleave(k).to(device)
+    kept = row_routes != int(Recipe.SKIP)
+    if batch.kept is not None:
+        kept = kept & batch.kept
+    loss_mask = batch.loss_mask() & kept.unsqueeze(-1)
+    weights = queue_token_weights(routes.to(device), loss_mask)
+    metrics: dict[str, float] = {}
+    for recipe in RECIPES:
+        name = recipe.name.lower()
+        metrics[f"routing/n_{name}"] = float((routes[judged] == recipe).sum())
+        metrics[f"routing/p_{name}"] = float(probs[judged, recipe].mean()) if bool(judged.any()) else 0.0
+    return batch.replace(route=row_routes, kept=kept, route_weight=weights), metrics
+
+
+class RoutingStage:
+    """The rollout stage that routes each prompt (`route_batch`) from the policy's entropies at rollout time."""
+
+    def __init__(self, options: RoutingOptions = _DEFAULT) -> None:
+        self.options = options
+
+    def fresh_samples(self, group_size: int) -> int:
+        return group_size
+
+    def after_rollout(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, float]]:
+        with torch.no_grad():
+            _, entropy = token_logprobs(
+                ctx.policy, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+                temperature=ctx.temperature, with_entropy=True,
+            )  # fmt: skip
+        assert entropy is not None
+        mean_entropy = masked_mean(entropy.double(), batch.mask, dim=-1)
+        gen = torch.Generator().manual_seed(route_seed(ctx.seed))
+        uniforms = torch.rand(batch.num_groups, generator=gen, dtype=torch.float64)
+        return route_batch(batch, mean_entropy, uniforms, self.options)
+
+    def after_update(self, batch: RolloutBatch, ctx: StepContext) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        return None
+
+
+class PromptBook:
+    """The self-teacher's prompt ids of every recorded problem, keyed by the student's prompt ids.
+
+    ``encode`` turns prompt texts into token ids exactly as the trainer does (chat template, system
+    turn); the teacher prompt is ``template`` formatted with the problem's prompt, gold answer and
+    the task's solution, encoded the same way. At most ``capacity`` prompts are kept (oldest dropped).
+    """
+
+    def __init__(
+        self,
+        encode: Callable[[list[str]], list[list[int]]],
+        template: str,
+        solution: Callable[[Problem], str],
+        *,
+        pad_id: int,
+        capacity: int = 65536,
+    ) -> None:
+        self.encode, self.template, self.solution = encode, template, solution
+        self.pad_id, self.capacity = pad_id, capacity
+        self.entries: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
+
+    def context(self, problem: Problem) -> str:
+        """The self-teacher's prompt text of ``problem``."""
+        solution = self.solution(problem) if "{solution}" in self.template else ""
+        return self.template.format(prompt=problem.prompt, answer=problem.answer, solution=solution)
+
+    def record(self, problems: Sequence[Problem]) -> None:
+        """Add the problems' teacher prompts (keyed by their student prompt ids)."""
+        keys = [tuple(ids) for ids in self.encode([p.prompt for p in problems])]
+        new = [(key, p) for key, p in zip(keys, problems, strict=True) if key not in self.entries]
+        if new:
+            for (key, _), ids in zip(new, self.encode([self.context(p) for _, p in new]), strict=True):
+                self.entries[key] = ids
+        for key in keys:
+            self.entries.move_to_end(key)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+    def teacher_prompts(self, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Left-padded ``[n, Q]`` teacher prompt ids and mask of the rows' (left-padded) student prompts."""
+        rows = []
+        for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True):
+            key = tuple(int(x) for x in ids[m])
+            if key not in self.entries:
+                raise DomainError(
+                    "logp_teacher: no privileged context recorded for a prompt of the batch "
+                    "(the trainer's task must be the RecordingTask of this book)"
+                )
+            rows.append(self.entries[key])
+        ids_, mask_ = left_pad(rows, self.pad_id)
+        return ids_.to(prompt_ids.device), mask_.to(prompt_mask.device)
+
+
+class RecordingTask:
+    """A task whose sampled problems are recorded in a `PromptBook` (everything else delegated)."""
+
+    def __init__(self, task: Any, book: PromptBook) -> None:
+        self.task, self.book = task, book
+
+    def sample(self, rng: random.Random, n: int) -> list[Problem]:
+        problems = self.task.sample(rng, n)
+        self.book.record(problems)
+        return problems
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("task", "book"):  # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.task, name)
+
+
+def queue_filler(
+    fill: Callable[[RolloutBatch], Tensor],
+    recipe: Recipe,
+    prompts: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+) -> Callable[[RolloutBatch], Tensor]:
+    """``fill`` (a ``[B, T]`` log-prob filler) run on the kept rows routed to ``recipe`` only; 0 elsewhere.
+
+    ``prompts`` maps those rows' prompt ids and mask to the ones the model scores (the
+    self-teacher's privileged prompts); the response ids are used as sampled.
+    """
+
+    def filler(batch: RolloutBatch) -> Tensor:
+        if batch.route is None:
+            raise DomainError("route: expected the router's recipes before a queue's forward (RoutingStage)")
+        rows = (batch.route == int(recipe)) & batch.loss_mask().any(-1)
+        dtype = batch.logp_old.dtype if batch.logp_old is not None else torch.float32
+        if not bool(rows.any()):
+            return torch.zeros(batch.mask.shape, dtype=dtype, device=batch.mask.device)
+        idx = rows.nonzero().squeeze(-1)
+        p_ids, p_mask = batch.prompt_ids[idx], batch.prompt_mask[idx]
+        if prompts is not None:
+            p_ids, p_mask = prompts(p_ids, p_mask)
+        sub = RolloutBatch(
+            prompt_ids=p_ids, prompt_mask=p_mask, response_ids=batch.response_ids[idx], mask=batch.mask[idx],
+            rewards=batch.rewards[idx], group_size=1,
+        )  # fmt: skip
+        values = fill(sub)
+        out = torch.zeros(batch.mask.shape, dtype=values.dtype, device=values.device)
+        out[idx] = values
+        return out
+
+    return filler
+
+
+def _route_unset(batch: RolloutBatch) -> Tensor:
+    raise DomainError("route: set by the RoutingStage of the run (posttrain.llm.run), found unset")
+
+
+def routing_edge(
+    cfg: Any, tokenizer: Any, task: Any, fillers: Mapping[str, Callable[[RolloutBatch], Tensor]]
+) -> tuple[Any, tuple[RoutingStage], dict[str, Callable[[RolloutBatch], Tensor]]]:
+    """The run's pieces of a routed method: ``(recording task, (router stage,), queue-only fillers)``.
+
+    ``fillers`` are the run's plain ones: ``logp_ref`` (the frozen reference) and, with ``model.teacher``,
+    ``logp_teacher``; the self-teacher is the teacher if set, else the reference.
+    """
+    options = RoutingOptions(**cfg.algorithm.options)
+    rng = random.Random(cfg.seed)
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return encode_prompts(tokenizer, texts, chat_template=cfg.model.chat_template, system=cfg.model.system_prompt)
+
+    def solution(problem: Problem) -> str:
+        return str(task.solution(problem, rng))
+
+    book = PromptBook(encode, options.context_template, solution, pad_id=int(tokenizer.pad_token_id))
+    teacher = fillers.get("logp_teacher", fillers["logp_ref"])
+    routed = {
+        "route": _route_unset,
+        "logp_ref": queue_filler(fillers["logp_ref"], Recipe.REG),
+        "logp_teacher": queue_filler(teacher, Recipe.OPSD, book.teacher_prompts),
+    }
+    return RecordingTask(task, book), (RoutingStage(options),), routed
+
+
+def self_routing_algorithm(
+    horizon: int,
+    *,
+    beta_reg: float = _DEFAULT.beta_reg,
+    delta_mode: str = _DEFAULT.delta_mode,
+    sigma_l: float = _DEFAULT.sigma_l,
+    sigma_m: float = _DEFAULT.sigma_m,
+    sigma_h: float = _DEFAULT.sigma_h,
+    context_template: str = _DEFAULT.context_template,
+    clip_low: float = _DEFAULT.clip_low,
+    clip_high: float = _DEFAULT.clip_high,
+) -> Algorithm:
+    """The Self-Routing bundle (``algorithm.method: self_routing``; options: `RoutingOptions`).
+
+    Examples:
+        >>> sorted(self_routing_algorithm(8).needs)
+        ['logp_old', 'logp_ref', 'logp_teacher', 'route']
+    """
+    given = dict(locals())
+    options = RoutingOptions(**{f.name: given[f.name] for f in fields(RoutingOptions)})
+
+    def advantage(batch: RolloutBatch) -> Tensor:
+        assert batch.route is not None and batch.logp_teacher is not None and batch.logp_old is not None
+        grpo = broadcast_sequence_advantages(group_normalized_advantages(batch.grouped_rewards()), batch.mask)
+        opsd = opd_token_advantages(batch.logp_teacher, batch.logp_old, batch.mask)
+        route = batch.route.unsqueeze(-1)
+        adv = torch.where(route == int(Recipe.GRPO), grpo, torch.where(route == int(Recipe.OPSD), opsd, 0.0))
+        return zero_off_mask(adv.to(batch.logp_old.dtype), batch.mask)
+
+    def policy_loss(
+        logp: Tensor,
+        logp_old: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        logp_ref: Tensor | None,
+        route: Tensor | None,
+        route_weight: Tensor | None,
+    ) -> tuple[Tensor, Any]:
+        if logp_ref is None or route is None or route_weight is None:
+            raise DomainError("batch: logp_ref, route and route_weight must be filled before the routed loss")
+        pg, diag = clipped_ratio_loss(
+            logp, logp_old, advantages, mask, clip_low=options.clip_low, clip_high=options.clip_high
+        )
+        reg_rows = (route == int(Recipe.REG)).unsqueeze(-1)
+        ref = torch.where(reg_rows, logp_ref.to(logp.dtype), logp.detach())  # k3 = 0 off the REG rows
+        loss = torch.where(reg_rows, options.beta_reg * k3_kl(logp, ref), pg)
+        return zero_off_mask(loss * route_weight.to(loss.dtype).unsqueeze(-1), mask), diag
+
+    return Algorithm(
+        advantage=advantage,
+        policy_loss=policy_loss,
+        aggregation=AggregationMode.TOKEN_MEAN,
+        horizon=int(horizon),
+        needs=frozenset({"logp_old", "logp_ref", "logp_teacher", "route"}),
+        loss_needs=("logp_ref", "route", "route_weight"),
+    )
