@@ -423,6 +423,8 @@ def clipped_ratio_loss(
         adv = zero_off_mask(advantages, mask)
     check_finite("advantages", adv)
     if fused:
+        wide = torch.promote_types(adv.dtype, logp.dtype)
+        adv = adv.to(wide)  # clip bounds and -A in the promoted dtype, as the plain form computes them
         keep8 = None if on_policy is None else (mask & ~on_policy).view(torch.uint8)
         neg_adv = -adv.detach()
         lower, upper = _clip_bounds(adv.detach(), clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
