@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.special import log_softmax
 
@@ -170,13 +170,15 @@ def test_gap_identity(seed: int, beta: float) -> None:
 
 @settings(max_examples=8)
 @given(seed=seeds, d=st.integers(2, 6))
+@example(seed=13389517, d=2)  # needs 28,610 iterations to certify tol 1e-7 (Frank-Wolfe's rate is sublinear)
 def test_frank_wolfe_agrees_with_cvxpy(seed: int, d: int) -> None:
     rng = np.random.default_rng(seed)
     g, root = rng.normal(size=(15, d)), rng.normal(size=(d, d))
     m = root @ root.T + 0.1 * np.eye(d)
-    fw = frank_wolfe_design(g, m, ridge=1e-2, tol=1e-7, max_iter=20000)
+    fw = frank_wolfe_design(g, m, ridge=1e-2, tol=1e-7, max_iter=200_000)
     cvx = solve_design_problem(build_design_problem(g, m, ridge=1e-2), solver="CLARABEL")
     assert fw.objective == pytest.approx(cvx.objective, rel=1e-3)
+    assert fw.status == "converged"  # the certificate below is the solver's own stopping test
     assert fw.duality_gap <= 1e-7 * fw.objective
 
 
