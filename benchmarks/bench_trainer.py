@@ -54,7 +54,8 @@ import torch
 
 from benchmarks._timing import Spread, clock
 
-TARGET_RATIO = 0.5
+TARGET_RATIO = 0.6
+"""The goal of the performance issue: our step at most 0.6x TRL's, like for like."""
 
 
 @dataclass
