@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, masked_mean, zero_off_mask
+from posttrain.estimators import AggregationMode, masked_mean, token_entropy, zero_off_mask
 from posttrain.estimators.distill import topk_reverse_kl_reward
 from posttrain.estimators.losses import _check_clip
 from posttrain.estimators.mopd import (
@@ -62,9 +62,9 @@ from posttrain.estimators.mopd import (
     topk_distill_loss,
 )
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
-from posttrain.llm.methods.topk import StudentTopK
+from posttrain.llm.methods.topk import StudentTopK, on_support, support_ids
 from posttrain.llm.rollout.batch import RolloutBatch
-from posttrain.llm.rollout.logprobs import response_logits
+from posttrain.llm.rollout.logprobs import vocab_log_softmax
 
 __all__ = ["OPEN_MOPD_NEEDS", "mopd_policy_loss", "open_mopd_algorithm", "topk_forward"]
 
@@ -83,19 +83,12 @@ def topk_forward(
     response ids and at ``batch.topk_ids``; all three are 0 off the mask; gradient flows into both
     log-probs, into the entropy only with ``entropy_grad``.
     """
-    if batch.topk_ids is None:
-        raise DomainError("topk_ids: the Open-MOPD training forward needs the student's top-K support, got None")
-    logits = response_logits(
-        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, temperature=temperature
-    )
-    logp_v = torch.log_softmax(logits, dim=-1)
-    m = batch.mask
-    logp = zero_off_mask(logp_v.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1), m)
-    topk = logp_v.gather(-1, batch.topk_ids)
-    topk = torch.where(m.unsqueeze(-1), topk, torch.zeros((), dtype=topk.dtype, device=topk.device))
-    clamped = logp_v.clamp(min=torch.finfo(logp_v.dtype).min)  # -inf logits add 0
-    entropy = -(clamped.exp() * clamped).sum(-1)
-    entropy = zero_off_mask(entropy if entropy_grad else entropy.detach(), m)
+    ids = support_ids(batch, "topk_logp")
+    logp_v = vocab_log_softmax(model, batch, temperature=temperature)
+    logp = zero_off_mask(logp_v.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1), batch.mask)
+    topk = on_support(logp_v, ids, batch)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = zero_off_mask(token_entropy(logp_v), batch.mask)  # log-softmax in, the same entropy out
     return logp, entropy, {"topk_logp": topk}
 
 

@@ -34,16 +34,16 @@ from posttrain.estimators.delta_distill import topk_support
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import vocab_log_softmax
 
-__all__ = ["StudentTopK", "topk_logp_filler"]
+__all__ = ["StudentTopK", "on_support", "support_ids", "topk_logp_filler"]
 
 
-def _on_support(logp_v: Float[Tensor, "B T V"], ids: Int[Tensor, "B T K"], batch: RolloutBatch) -> Tensor:
+def on_support(logp_v: Float[Tensor, "B T V"], ids: Int[Tensor, "B T K"], batch: RolloutBatch) -> Tensor:
     """``logp_v`` gathered at ``ids``, 0 off the response mask (like the ``[B, T]`` fields)."""
     values = logp_v.gather(-1, ids)
     return torch.where(batch.mask.unsqueeze(-1), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def _support(batch: RolloutBatch, field: str) -> Tensor:
+def support_ids(batch: RolloutBatch, field: str) -> Tensor:
     if batch.topk_ids is None:
         raise DomainError(f"{field}: needs batch.topk_ids (the student's top-K support) to be filled first, got None")
     return batch.topk_ids
@@ -71,16 +71,16 @@ class StudentTopK:
         """The student's top-``min(k, V)`` ids per position, the sampled id forced in (filler of ``topk_ids``)."""
         logp_v = vocab_log_softmax(self.model, batch, temperature=self.temperature)
         ids = topk_support(logp_v, batch.response_ids, k=min(self.k, logp_v.shape[-1]))
-        self._memo = (ids, _on_support(logp_v, ids, batch))
+        self._memo = (ids, on_support(logp_v, ids, batch))
         return ids
 
     def logp(self, batch: RolloutBatch) -> Float[Tensor, "B T K"]:
         """The student's log-probs on ``batch.topk_ids`` (filler of ``topk_logp_old``)."""
-        ids = _support(batch, "topk_logp_old")
+        ids = support_ids(batch, "topk_logp_old")
         memo, self._memo = self._memo, None
         if memo is not None and memo[0] is ids:
             return memo[1]
-        return _on_support(vocab_log_softmax(self.model, batch, temperature=self.temperature), ids, batch)
+        return on_support(vocab_log_softmax(self.model, batch, temperature=self.temperature), ids, batch)
 
 
 def topk_logp_filler(model: Any, *, temperature: float, field: str) -> Callable[[RolloutBatch], Tensor]:
@@ -88,7 +88,7 @@ def topk_logp_filler(model: Any, *, temperature: float, field: str) -> Callable[
     model.eval().requires_grad_(False)
 
     def fill(batch: RolloutBatch) -> Float[Tensor, "B T K"]:
-        ids = _support(batch, field)
-        return _on_support(vocab_log_softmax(model, batch, temperature=temperature), ids, batch)
+        ids = support_ids(batch, field)
+        return on_support(vocab_log_softmax(model, batch, temperature=temperature), ids, batch)
 
     return fill
