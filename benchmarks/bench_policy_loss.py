@@ -11,6 +11,10 @@ Anchors, each measured in the same run and interleaved with ours (``median [min-
 - the plain expression ``max(-A r, -A clip(r)) * mask`` (what a reader would write, no
   validation or NaN safety), for reference.
 
+Ours is `clipped_ratio_loss` then ``aggregate(..., premasked=True)`` (the loss is 0 off the mask,
+so the sum needs no second multiply by it); the default ``aggregate``, which masks again, has its
+own row.
+
 Ours validates shapes (always) and values (unless ``value_checks(False)``), keeps masked NaN out
 of value and gradient, clamps the log-ratio to +-20, returns diagnostics and aggregates separately.
 """
@@ -42,6 +46,13 @@ def plain_expression(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tens
 
 
 def ours(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The fused loss, then ``aggregate(premasked=True)``: the loss is already 0 off the mask."""
+    loss, _ = clipped_ratio_loss(logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL)
+    return aggregate(loss, mask, "token-mean", premasked=True)
+
+
+def ours_masked(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The fused loss, then the default ``aggregate`` (which multiplies by the mask again)."""
     loss, _ = clipped_ratio_loss(logp, logp_old, adv, mask, clip_low=CLIP, clip_high=CLIP, dual_clip=DUAL)
     return aggregate(loss, mask, "token-mean")
 
@@ -85,7 +96,12 @@ def run(*, b: int, t: int, repeats: int, seed: int = 0) -> list[Row]:
     args = (logp, logp_old, adv, mask)
     want = plain_expression(*args)
     torch.testing.assert_close(ours(*args), want, rtol=1e-4, atol=1e-6)
-    fns = {"ours": _fwd_bwd(ours, args), "plain": _fwd_bwd(plain_expression, args)}
+    torch.testing.assert_close(ours_masked(*args), want, rtol=1e-4, atol=1e-6)
+    fns = {
+        "ours": _fwd_bwd(ours, args),
+        "ours_masked": _fwd_bwd(ours_masked, args),
+        "plain": _fwd_bwd(plain_expression, args),
+    }
     verl = verl_loss()
     if verl is not None:
         verl_mask = mask.to(logp.dtype)  # verl's masks are numeric
@@ -97,7 +113,10 @@ def run(*, b: int, t: int, repeats: int, seed: int = 0) -> list[Row]:
     floor = Spread(floor_s, floor_s, floor_s)
     label = f"clipped loss + token-mean, fwd+bwd [B={b}, T={t}]"
     floor_ref = f"floor: {FLOOR_BYTES_PER_TOKEN} B/token at {bandwidth.median / 1e9:.1f} GB/s copy"
-    rows = [_row(label, times["ours"], floor, floor_ref, TARGET_OVER_FLOOR)]
+    rows = [
+        _row(label, times["ours"], floor, floor_ref, TARGET_OVER_FLOOR),
+        _row("  same, default aggregate (masks again)", times["ours_masked"], floor, floor_ref, None),
+    ]
     if verl is not None:
         rows.append(_row(label, times["ours"], times["verl"], "verl compute_policy_loss_vanilla", TARGET_OVER_VERL))
     else:

@@ -25,13 +25,17 @@ How it is timed, so that a shared, loaded machine biases neither side:
   ``max_new_tokens``; the decode steps per batch (the generation work) and the mean completion
   length (tokens/s) are printed for both.
 
+``--compile-decode`` turns on our engine's ``rollout.compile_decode`` (the decode step through
+``torch.compile`` with a static KV cache); the compile happens in the first warm-up step, whose time
+is printed: the timed steps then show the compiled step, not its amortised cost.
+
 ``--trl-defaults`` leaves TRL's ``bf16`` autocast and gradient checkpointing on, to show what
 they cost it here; that run does not compare like with like.
 
 Where vLLM is installed, our trainer with the vLLM engine is timed against the HF engine the same
 way (alternating steps).
 
-    python -m benchmarks.bench_trainer [--repeats 5] [--steps 8] [--warmup 2] [--threads 1]
+    python -m benchmarks.bench_trainer [--repeats 5] [--steps 8] [--warmup 2] [--threads 1] [--compile-decode]
 
 TRL comes from the ``[trl]`` extra and vLLM from ``make test-vllm``'s venv; a missing one is
 skipped with the reason printed. This is a measurement: the exit status is 0 either way.
@@ -66,10 +70,18 @@ class Side:
     gen_s: list[float] = field(default_factory=list)
     tokens: list[float] = field(default_factory=list)
     decode_steps: list[int] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    """Wall time of each step (ours only): a compile's worker processes are not in this process's CPU time."""
 
     def after(self, warmup: int) -> Side:
         """The same measurements without the first ``warmup`` steps."""
-        return Side(self.step_s[warmup:], self.gen_s[warmup:], self.tokens[warmup:], self.decode_steps[warmup:])
+        return Side(
+            self.step_s[warmup:],
+            self.gen_s[warmup:],
+            self.tokens[warmup:],
+            self.decode_steps[warmup:],
+            self.wall_s[warmup:],
+        )
 
     @property
     def step(self) -> float:
@@ -113,7 +125,12 @@ class Ours:
                 "seed": 0,
                 "model": {"path": str(model_dir), "dtype": "float32"},
                 "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": args.prompts},
-                "rollout": {"engine": engine, "group_size": args.k, "max_new_tokens": args.tokens},
+                "rollout": {
+                    "engine": engine,
+                    "group_size": args.k,
+                    "max_new_tokens": args.tokens,
+                    "compile_decode": engine == "hf" and args.compile_decode,
+                },
                 "algorithm": {"method": "grpo"},
                 "optim": {
                     "steps": 10_000,
@@ -130,9 +147,10 @@ class Ours:
         self.trainer.engine = _TimedEngine(self.trainer.engine, self.side, self.now)
 
     def step(self) -> None:
-        start = self.now()
+        start, wall = self.now(), time.perf_counter()
         metrics = self.trainer.train_step()
         self.side.step_s.append(self.now() - start)
+        self.side.wall_s.append(time.perf_counter() - wall)
         self.side.tokens.append(metrics["response_len"] * self.rows)
 
 
@@ -241,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16, help="max new tokens")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock)")
     p.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="our HF engine with rollout.compile_decode (torch.compile, static KV cache); the compile falls in "
+        "the warm-up steps, whose times are printed",
+    )
+    p.add_argument(
         "--trl-defaults",
         action="store_true",
         help="leave TRL's bf16 autocast and gradient checkpointing on (its defaults; not like with like)",
@@ -259,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = build_tiny(Path(tmp) / "tiny", seed=0)
         have_trl, have_vllm = importlib.util.find_spec("trl") is not None, importlib.util.find_spec("vllm") is not None
         ours_hf: list[Side] = []
+        ours_warm: list[Side] = []  # every step, the warm-up included
         trl: list[Side] = []
         vllm: list[tuple[Side, Side]] = []
         for r in range(args.repeats):
@@ -269,8 +294,15 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(args.warmup + args.steps):
                     ours.step()
             ours_hf.append(ours.side.after(args.warmup))
+            ours_warm.append(ours.side)
             if have_vllm:
                 vllm.append(_vllm_pair(args, model_dir, f"{tmp}/pair{r}"))
+        if args.compile_decode:
+            first = Spread.of([s.wall_s[0] for s in ours_warm])
+            print(
+                f"ours: rollout.compile_decode on; first step (the compile; later repeats reuse it) {first} s wall, "
+                "untimed (warm-up)"
+            )
         print(_report("ours (HF engine):  ", ours_hf))
         if not have_vllm:
             print("ours (vLLM engine): skipped: vllm is not installed (make test-vllm installs it into .venv-vllm)")

@@ -9,16 +9,20 @@ heads, MLP 4864, vocabulary 151,936, tied embeddings) is built from a config wri
    to the end), tokens/s for each;
 2. one training step (the policy-gradient surrogate on :func:`token_logprobs`, backward, AdamW) on
    ``--train-batch`` of the generated rows, timed with CUDA events after one warm-up step, and its
-   MFU: ``6 N D`` (N non-embedding parameters, D tokens; attention scores and the LM head are not
-   counted) over the step time, divided by a measured bf16 matmul ceiling (``--matmul`` square);
+   MFU: ``6 N D`` (N non-embedding parameters, D tokens) plus the LM head's ``6 V d`` at each of the
+   ``T + 1`` positions a row it runs on (attention scores are not counted), over the step time,
+   divided by a measured bf16 matmul ceiling (``--matmul`` square);
 3. host syncs of the timed training step and of one short engine call, counted with
-   ``torch.cuda.set_sync_debug_mode("warn")`` (each synchronising call warns once).
+   ``torch.cuda.set_sync_debug_mode("warn")`` (each synchronising call warns once);
+4. with ``--compile-decode``: the engine with ``compile_decode`` (the decode step through
+   ``torch.compile``, static KV cache): the compile's wall time, tokens/s against the eager engine,
+   and the number of calls at this shape after which the compile has paid for itself.
 
 On a machine without CUDA the same code runs in float32 with ``perf_counter`` timing and reports
 host syncs as "n/a on CPU"; ``--tiny`` shrinks the model and sizes so that this takes seconds
 (the CPU test runs it). Prints one line per result and, with ``--json PATH``, writes them.
 
-    python -m benchmarks.gpu_smoke            # on the GPU machine (about 2-4 minutes on one H200)
+    python -m benchmarks.gpu_smoke --compile-decode   # on the GPU machine (not yet run on one)
     python -m benchmarks.gpu_smoke --tiny     # anywhere
 """
 
@@ -169,7 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     syncs, _ = count_syncs(step, device)
     secs, _ = timer(step)
     tokens = int(p_mask.sum() + r_mask.sum())
-    flops = 6.0 * non_embedding_params(model) * tokens
+    head_positions = tb * (r_ids.shape[1] + 1)  # logits_to_keep: the LM head runs on T + 1 positions a row
+    flops = 6.0 * non_embedding_params(model) * tokens + 6.0 * v * int(shape["hidden_size"]) * head_positions
     ceiling = matmul_ceiling(args.matmul, device=device, dtype=dtype)
     res.update(train_rows=tb, train_tokens=tokens, train_step_s=secs, train_flops_per_s=flops / secs)
     res.update(matmul_ceiling_flops_per_s=ceiling, mfu=flops / secs / ceiling, train_step_host_syncs=syncs)
@@ -177,7 +182,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # 3. host syncs of a short engine call (one per token is the end-of-batch check)
     short = HFEngine(model, pad_id=0, eos_id=v, sampling=SamplingConfig(max_new_tokens=8))
     res["engine_8_tokens_host_syncs"], _ = count_syncs(lambda: short.generate(rows[:4], n=1, seed=1), device)
+    if args.compile_decode:
+        res.update(compiled_decode(model, rows, v, args, timer, eager_tokens_per_s=res["engine_tokens_per_s"]))
     return res
+
+
+def compiled_decode(
+    model: Any, rows: list[list[int]], v: int, args: argparse.Namespace, timer: Timer, *, eager_tokens_per_s: float
+) -> dict[str, Any]:
+    """4. the engine with ``compile_decode``: the compile's wall time, tokens/s, and the calls it takes to pay back.
+
+    A failed compile is reported (``compiled_error``), not raised: the other numbers stand.
+    """
+    model.eval()
+    engine = HFEngine(
+        model, pad_id=0, eos_id=v, sampling=SamplingConfig(max_new_tokens=args.new_tokens), compile_decode=True
+    )
+    try:
+        start = time.perf_counter()
+        engine.generate(rows, n=1, seed=args.seed)  # compiles (the first call at this shape)
+        first = time.perf_counter() - start
+        secs, rollouts = timer(lambda: engine.generate(rows, n=1, seed=args.seed))
+    except Exception as exc:  # the measurement reports what went wrong
+        return {"compiled_error": f"{type(exc).__name__}: {exc}"[:300]}
+    tokens = int(rollouts.mask.sum())
+    saved = tokens / eager_tokens_per_s - secs  # seconds a call saves against the eager engine
+    return {
+        "compiled_engine_tokens_per_s": tokens / secs,
+        "compiled_over_eager": tokens / secs / eager_tokens_per_s,
+        "compile_s": first - secs,
+        "compile_payback_calls": (first - secs) / saved if saved > 0 else "never (no saving)",
+    }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -188,6 +223,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; tiny 6)")
     p.add_argument("--train-batch", type=int, default=None, help="rows in the training step (default 16; tiny 2)")
     p.add_argument("--matmul", type=int, default=None, help="matmul ceiling size (default 8192; tiny 128)")
+    p.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="also time the engine with compile_decode (torch.compile, static KV cache) and its compile",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results to this file")
     args = p.parse_args(argv)

@@ -44,3 +44,12 @@ def test_model_has_the_qwen25_05b_shape_without_building_it() -> None:
 def test_sync_counter_is_off_on_cpu() -> None:
     n, value = gpu_smoke.count_syncs(lambda: 3, torch.device("cpu"))
     assert (n, value) == ("n/a on CPU", 3)
+
+
+@pytest.mark.slow  # one torch.compile of the tiny model's decode step (~30 s on CPU)
+def test_tiny_run_with_the_compiled_decode(tmp_path: Path) -> None:
+    res = gpu_smoke.main(["--tiny", "--compile-decode"])
+    assert "compiled_error" not in res, res.get("compiled_error")
+    assert math.isfinite(res["compiled_engine_tokens_per_s"]) and res["compiled_engine_tokens_per_s"] > 0
+    assert res["compile_s"] > 0
+    assert res["compiled_over_eager"] == pytest.approx(res["compiled_engine_tokens_per_s"] / res["engine_tokens_per_s"])

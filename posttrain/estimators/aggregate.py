@@ -12,7 +12,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators._numerics import row_blocks, zero_off_mask
+from posttrain.estimators._numerics import row_any, row_blocks, zero_off_mask
 from posttrain.validate import (
     check_float,
     check_mask,
@@ -185,7 +185,7 @@ def normaliser(
     if m is AggregationMode.TOKEN_MEAN:
         n = mask.count_nonzero() if tokens is None else torch.as_tensor(tokens, device=mask.device)
         return n.double().clamp(min=1)
-    s = mask.any(dim=-1).count_nonzero() if rows is None else torch.as_tensor(rows, device=mask.device)
+    s = row_any(mask).count_nonzero() if rows is None else torch.as_tensor(rows, device=mask.device)
     s = s.double().clamp(min=1)
     if m is AggregationMode.SEQ_MEAN_TOKEN_SUM_NORM:
         return s * float(mask.shape[-1] if horizon is None else horizon)
@@ -193,11 +193,17 @@ def normaliser(
 
 
 def weighted_sum(
-    values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], mode: AggregationMode | str
+    values: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"], mode: AggregationMode | str, *, premasked: bool = False
 ) -> Float[Tensor, ""]:
     r"""The numerator of `aggregate`: $\sum_i w_i \sum_t m_{it} L_{it}$, $w_i = 1/n_i$
-    for ``seq-mean-token-mean`` (fully masked rows contribute 0), else 1."""
-    if AggregationMode.parse(mode) is AggregationMode.SEQ_MEAN_TOKEN_MEAN:
+    for ``seq-mean-token-mean`` (fully masked rows contribute 0), else 1.
+
+    ``premasked``: ``values`` is already exactly 0 off the mask, so plain sums replace the masked
+    ones (no multiply by the mask forward, no masked copy of the gradient backward)."""
+    seq_mean = AggregationMode.parse(mode) is AggregationMode.SEQ_MEAN_TOKEN_MEAN
+    if premasked:
+        return (values.sum(dim=-1) / _count(mask, -1, values.dtype).clamp(min=1)).sum() if seq_mean else values.sum()
+    if seq_mean:
         return (masked_sum(values, mask, dim=-1) / _count(mask, -1, values.dtype).clamp(min=1)).sum()
     return masked_sum(values, mask)
 
@@ -208,6 +214,7 @@ def aggregate(
     mode: AggregationMode | str = AggregationMode.TOKEN_MEAN,
     *,
     horizon: int | None = None,
+    premasked: bool = False,
 ) -> Float[Tensor, ""]:
     r"""Reduce a per-token matrix to a scalar.
 
@@ -227,6 +234,11 @@ def aggregate(
         mask: ``[B, T]`` boolean, at least one True.
         mode: an `AggregationMode` or its string value.
         horizon: the constant ``H`` of ``seq-mean-token-sum-norm``; positive.
+        premasked: the caller guarantees ``values`` is exactly 0 wherever ``mask`` is False (every
+            policy loss in `posttrain.estimators` returns its loss so): the sums then skip the
+            multiply by the mask and, backward, the masked copy of the gradient (about a third of
+            a fused clipped loss's forward + backward at B=4096, T=1024 on CPU). With anything
+            else off the mask (NaN included) the result is wrong; the default masks.
 
     Returns:
         A 0-d tensor.
@@ -247,9 +259,11 @@ def aggregate(
     check_mask("mask", mask, values.shape)
     m = AggregationMode.parse(mode)
     h = values.shape[-1] if horizon is None else int(check_positive("horizon", horizon))
-    if value_checks_enabled() and int(mask.count_nonzero()) == 0:
+    n = mask.count_nonzero()  # counted once: the emptiness check and the token-mean normaliser
+    if value_checks_enabled() and int(n) == 0:
         raise DomainError("mask: the mask selects no position; at least one token is required")
-    return weighted_sum(values, mask, m) / normaliser(mask, m, horizon=h).to(values.dtype)
+    z = normaliser(mask, m, horizon=h, tokens=n)
+    return weighted_sum(values, mask, m, premasked=premasked) / z.to(values.dtype)
 
 
 def global_aggregate(

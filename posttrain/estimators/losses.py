@@ -14,7 +14,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators._numerics import computes_in_float32, row_blocks, zero_off_mask
+from posttrain.estimators._numerics import computes_in_float32, row_any, row_blocks, zero_off_mask
 from posttrain.estimators._registry import register_policy_loss
 from posttrain.estimators.aggregate import masked_sum
 from posttrain.estimators.ratios import LOG_RATIO_CLAMP, log_ratio, sequence_log_ratio
@@ -226,7 +226,7 @@ def _fused_forward(
     neg_adv: Tensor,
     lower: Tensor,
     upper: Tensor,
-    mask8: Tensor,
+    maskf: Tensor,
     with_dual: bool,
     out: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -234,25 +234,27 @@ def _fused_forward(
 
     ``lr`` is the log-ratio, 0 off the mask and on on-policy tokens (consumed: edited in place),
     finite and within $\pm 20$ (the caller checks, so the clamp is the identity);
-    ``neg_adv`` is $-A$ (0 off the mask), ``lower``/``upper`` the bounds of ``_clip_bounds``.
-    $\partial L/\partial\ell = -A r$ where the clamp is the identity (``active``), else 0.
-    Sums run over every entry: off the mask $\log r = 0$, $r = 1$ and nothing is clipped.
-    ``out``: tensors of ``lr``'s shape that receive the loss and the gradient coefficient.
+    ``neg_adv`` is $-A$ (0 off the mask), ``lower``/``upper`` the bounds of ``_clip_bounds``,
+    ``maskf`` the mask in the loss dtype. With $c = \mathrm{clamp}(r, l_A, u_A)$:
+    $L = -A\,c\,m$ and $\partial L/\partial\ell = L\,[c = r]$ ($-A r$ where no bound is active,
+    else 0). Sums run over every entry: off the mask $\log r = 0$, $r = c = 1$ and nothing is
+    clipped. The activity indicator is written as 0/1 in the loss dtype (no boolean tensor, so no
+    dtype conversion when it multiplies). ``out``: tensors of ``lr``'s shape that receive the loss
+    and the gradient coefficient.
     """
     lr_sum = lr.sum()
     ratio = lr.exp_()
-    loss = torch.clamp(ratio, lower, upper, out=None if out is None else out[0])
-    active = loss == ratio
+    clamped = torch.clamp(ratio, lower, upper, out=None if out is None else out[0])
+    coef = torch.eq(clamped, ratio, out=torch.empty_like(ratio) if out is None else out[1])  # [c = r] as 0/1
     if not with_dual:
-        n_dual = torch.zeros((), dtype=torch.long)
-    elif neg_adv.shape[-1] == 1:  # per-row advantages: count on the rows with A < 0 only (no broadcast &)
-        negative = neg_adv[:, 0] > 0
-        n_dual = (ratio[negative] > upper[negative]).count_nonzero()
+        n_dual = torch.zeros((), dtype=torch.long, device=lr.device)
+    elif neg_adv.shape[-1] == 1:  # per-row advantages: the upper bound binds on rows with A < 0 only
+        n_dual = torch.count_nonzero(ratio > upper, dim=-1)[neg_adv[:, 0] > 0].sum()
     else:
-        n_dual = ((loss < ratio) & (neg_adv > 0)).count_nonzero()
-    loss = loss.mul_(neg_adv * mask8)  # -A times the mask in one mixed-dtype op, then a float multiply
-    coef = torch.mul(loss, active.view(torch.uint8), out=None if out is None else out[1])
-    return loss, coef, active.count_nonzero(), n_dual, lr_sum, ratio.sum()
+        n_dual = ((clamped < ratio) & (neg_adv > 0)).count_nonzero()
+    n_active, ratio_sum = coef.count_nonzero(), ratio.sum()
+    loss = clamped.mul_(neg_adv).mul_(maskf)
+    return loss, coef.mul_(loss), n_active, n_dual, lr_sum, ratio_sum
 
 
 def _fused_forward_blocked(
@@ -268,19 +270,21 @@ def _fused_forward_blocked(
     """`_fused_forward` from the log-probs, row block by row block (`row_blocks`, in cache).
 
     Returns ``(loss, coef, n_active, n_dual, sum lr, sum r, min lr, max lr)``; the log-ratio is
-    ``(logp - logp_old) * mask8`` (range taken there), then times ``keep8`` (on-policy tokens to 0).
-    Valid only when the range is finite and within the clamp: the caller checks and otherwise
-    discards the result (a NaN off the mask survives ``NaN * 0`` and shows in the range).
+    ``(logp - logp_old) * mask`` (range taken there), then times ``keep8`` (on-policy tokens to 0).
+    Each block converts its mask slice to the loss dtype once (mixed-dtype multiplies convert on
+    every use). Valid only when the range is finite and within the clamp: the caller checks and
+    otherwise discards the result (a NaN off the mask survives ``NaN * 0`` and shows in the range).
     """
     loss, coef = torch.empty_like(logp), torch.empty_like(logp)
     stats: list[list[Tensor]] = [[] for _ in range(6)]
     for rows in row_blocks(logp.shape[0], logp.shape[1] * logp.element_size() * _LOSS_BLOCK_DIVISOR):
-        lr = torch.sub(logp[rows], logp_old[rows]).mul_(mask8[rows])
+        maskf = mask8[rows].to(logp.dtype)
+        lr = torch.sub(logp[rows], logp_old[rows]).mul_(maskf)
         lo, hi = torch.aminmax(lr)
         if keep8 is not None:
-            lr = lr.mul_(keep8[rows])
+            lr = lr.mul_(keep8[rows].to(logp.dtype))
         _, _, *sums = _fused_forward(
-            lr, neg_adv[rows], lower[rows], upper[rows], mask8[rows], with_dual, out=(loss[rows], coef[rows])
+            lr, neg_adv[rows], lower[rows], upper[rows], maskf, with_dual, out=(loss[rows], coef[rows])
         )
         for acc, value in zip(stats, (*sums, lo, hi), strict=True):
             acc.append(value)
@@ -418,7 +422,7 @@ def clipped_ratio_loss(
         raise DomainError("mask: the mask selects no position; at least one token is required")
     mask8 = mask.view(torch.uint8)
     if advantages.ndim == 1:  # rows without a valid token get advantage 0 (NaN there never leaks)
-        adv = zero_off_mask(advantages, mask8.amax(dim=-1).view(torch.bool)).unsqueeze(-1)
+        adv = zero_off_mask(advantages, row_any(mask)).unsqueeze(-1)
     else:
         adv = zero_off_mask(advantages, mask)
     check_finite("advantages", adv)
@@ -446,8 +450,9 @@ def clipped_ratio_loss(
                 lr = lr.mul_(keep8)
         # NaN/inf on the mask, or a log-ratio where the +-20 clamp binds: the plain form (which raises on NaN/inf)
         if bool((lo >= -LOG_RATIO_CLAMP) & (hi <= LOG_RATIO_CLAMP)):
+            maskf = mask.to(lr.dtype)
             out = _FusedClippedLoss.apply(
-                logp, logp_old, lambda: _fused_forward(lr, neg_adv, lower, upper, mask8, with_dual)
+                logp, logp_old, lambda: _fused_forward(lr, neg_adv, lower, upper, maskf, with_dual)
             )
             return _fused_result(out, logp, logp_old, adv, neg_adv, lower, upper, mask, keep8, n_valid)
     check_finite("logp", logp, mask)

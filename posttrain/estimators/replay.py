@@ -232,15 +232,17 @@ def replay_add(
         )
     keep = mixed_outcome(rewards, success_threshold=success_threshold) & mask.flatten(1).any(dim=-1)
     h = headroom(logp_gen, advantages, mask)
-    t_gen = torch.full((tokens.shape[0],), int(step), dtype=torch.long)
+    rows = keep.nonzero().squeeze(-1)  # the entering groups, in order
+    start = max(buffer.size + int(rows.numel()) - cap, 0)  # FIFO eviction: drop the oldest `start` rows
+    if rows.numel() == 0:  # nothing enters (the common case of an all-equal batch): no copy
+        return buffer if start == 0 else replay_take(buffer, slice(start, None))  # type: ignore[arg-type]
     fresh = ReplayBuffer(
-        tokens, mask, rewards.to(buffer.rewards.dtype), advantages.to(buffer.advantages.dtype),
-        logp_gen.detach().to(buffer.logp_gen.dtype), prompt.long(), h.to(buffer.h_ref.dtype),
-        h.to(buffer.h_cache.dtype), t_gen,
+        tokens[rows], mask[rows], rewards[rows].to(buffer.rewards.dtype), advantages[rows].to(buffer.advantages.dtype),
+        logp_gen.detach()[rows].to(buffer.logp_gen.dtype), prompt[rows].long(), h[rows].to(buffer.h_ref.dtype),
+        h[rows].to(buffer.h_cache.dtype), torch.full((rows.numel(),), int(step), dtype=torch.long),
     )  # fmt: skip
-    fresh = replay_take(fresh, keep)
     merged = ReplayBuffer(*(torch.cat([old, new]) for old, new in zip(buffer, fresh, strict=True)))
-    return replay_take(merged, slice(max(merged.size - cap, 0), None))  # type: ignore[arg-type]
+    return merged if start == 0 else replay_take(merged, slice(start, None))  # type: ignore[arg-type]
 
 
 class ReplayOrder(str, Enum):

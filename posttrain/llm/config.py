@@ -125,6 +125,9 @@ class RolloutConfig:
     vllm_gpu_memory_utilization: float = 0.3
     enforce_eager: bool | None = None
     """vLLM only: run without CUDA graphs (None: eager on CPU, CUDA graphs on a GPU)."""
+    compile_decode: bool = False
+    """HF engine only: the decode step through ``torch.compile`` with a static KV cache (pays back
+    its compile time only over many rollouts; see ``docs/performance.md``)."""
     replay: ReplayConfig | None = None
     branching: BranchingConfig | None = None
     answer_suffix: AnswerSuffixConfig | None = None

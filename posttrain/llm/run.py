@@ -89,6 +89,7 @@ def _hf_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> R
         eos_id=tokenizer.eos_token_id,
         sampling=cfg.rollout.sampling(),
         synced_gpus=sharded,
+        compile_decode=cfg.rollout.compile_decode,
     )
 
 

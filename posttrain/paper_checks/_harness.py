@@ -34,6 +34,7 @@ id; with ``strict`` a *not reproduced* verdict also gives 1.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -490,16 +491,75 @@ def _small_axis(ax: Any, values: np.ndarray, mean: float, lo: float, hi: float, 
     ax.set_title("\n".join(textwrap.wrap(title, 38)[:3]), fontsize=6.5)
 
 
-def _plot(o: CheckOutcome, path: Path) -> None:
+@dataclass(frozen=True)
+class PlotData:
+    """What one check's figure shows, as plain data (picklable: the figure is drawn in another process)."""
+
+    check_id: str
+    verdict: str
+    metrics: list[dict[str, Any]]
+    comparisons: list[dict[str, Any]]
+    series: dict[str, Any]
+
+    @classmethod
+    def of(cls, o: CheckOutcome) -> PlotData:
+        assert o.result is not None
+        series = o.result.extra.get("series", {}) if isinstance(o.result.extra, dict) else {}
+        return cls(o.check.id, o.verdict.value, o.summary["metrics"], o.summary["comparisons"], series)
+
+
+class Plotter:
+    """Draws the checks' figures in one worker process while the next check runs (``with`` block).
+
+    The checks use one core; on a machine with two or more, matplotlib's drawing (seconds per
+    figure: constrained layout, ticks) then costs no wall time. With one core it runs inline.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.names: dict[str, str] = {}  # check id -> figure file name
+        self.futures: list[Any] = []
+        self.pool: Any = None
+
+    def __enter__(self) -> Plotter:
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if (os.cpu_count() or 1) > 1:  # spawn: no fork of a process holding torch's threads
+            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self
+
+    def add(self, o: CheckOutcome) -> None:
+        """Queue the figure of ``o`` (a check that raised has none)."""
+        if o.result is None:
+            return
+        name = f"check_{o.check.id}.png"
+        data, path = PlotData.of(o), self.folder / name
+        if self.pool is None:
+            _plot(data, path)
+        else:
+            self.futures.append(self.pool.submit(_plot, data, path))
+        self.names[o.check.id] = name
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            try:
+                for future in self.futures:
+                    future.result()  # a drawing error surfaces here
+            finally:
+                self.pool.shutdown()
+
+
+def _plot(data: PlotData, path: Path) -> None:
     """Small multiples: one axis per metric, one per comparison (coloured by status), one per curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    assert o.result is not None
-    series = o.result.extra.get("series", {}) if isinstance(o.result.extra, dict) else {}
-    ms, cs = o.summary["metrics"], o.summary["comparisons"]
+    series, ms, cs = data.series, data.metrics, data.comparisons
     cols = 4
     n_axes = len(ms) + len(cs)
     rows_small = math.ceil(n_axes / cols)
@@ -538,7 +598,7 @@ def _plot(o: CheckOutcome, path: Path) -> None:
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
     fig.suptitle(
-        f"{o.check.id}: {o.verdict.value} (dots: seeds; diamond: mean with 95% t interval; "
+        f"{data.check_id}: {data.verdict} (dots: seeds; diamond: mean with 95% t interval; "
         "solid margin line: asserted, dotted: reported only)",
         fontsize=9,
     )
@@ -611,21 +671,28 @@ def main(
     records: list[dict[str, Any]] = []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # toy tensors are tiny: extra threads only add contention
+    plotter = Plotter(Path(out)) if out is not None else None
     try:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=json_out,
-            disable=json_out,
-        ) as progress:
+        with (
+            contextlib.nullcontext() if plotter is None else plotter,
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=json_out,
+                disable=json_out,
+            ) as progress,
+        ):
             task = progress.add_task("paper checks", total=len(checks))
             for check in checks:
                 progress.update(task, description=f"check {check.id}")
                 outcomes.append(run_check(check, smoke=smoke, seeds=seeds))
+                if plotter is not None:
+                    plotter.add(outcomes[-1])
                 progress.advance(task)
+            progress.update(task, description="paper checks (figures)")
         if check_stability:
             records = stability(outcomes, smoke=smoke)
     finally:
@@ -645,15 +712,8 @@ def main(
         _print_tables(outcomes, console)
         if check_stability:
             _print_stability(records, console)
-    if out is not None:
-        folder = Path(out)
-        folder.mkdir(parents=True, exist_ok=True)
-        plots: dict[str, str] = {}
-        for o in outcomes:
-            if o.result is not None:
-                name = f"check_{o.check.id}.png"
-                _plot(o, folder / name)
-                plots[o.check.id] = name
+    if plotter is not None:
+        folder, plots = plotter.folder, plotter.names
         (folder / "results.json").write_text(json.dumps(payload, indent=2, default=float) + "\n")
         (folder / "report.md").write_text(_markdown(outcomes, smoke=smoke, meta=meta, plots=plots))
     if not json_out:

@@ -53,7 +53,7 @@ from posttrain.paper_checks import register_check
 from posttrain.paper_checks._seeds import seedwise
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result, mean_criterion
 from posttrain.simulators import TabularSpec, boost_sequences, enumerate_sequences
-from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, train_methods, visited_token_logp
+from posttrain.simulators.teacher_tabular import TeacherStep, exact_success, fixed_token_logp, train_methods
 
 __all__ = ["Config", "run"]
 
@@ -132,9 +132,10 @@ def _make_env(config: Config, decoys: int = 0) -> _Env:
 def _method(name: str, config: Config, env: _Env) -> Callable[[TeacherStep], Tensor]:
     """The per-token loss of one Table-1 rule (the loop never sees the name)."""
     spec, t = env.spec, config.depth
+    teacher_forward = fixed_token_logp(spec, env.teacher)  # the teacher never changes: normalised once
 
     def teacher_logp(ctx: TeacherStep) -> Tensor:
-        return visited_token_logp(spec, env.teacher, ctx.tokens).reshape(-1, t)
+        return teacher_forward(ctx.tokens).reshape(-1, t)
 
     def a_hat(ctx: TeacherStep) -> Tensor:
         return group_normalized_advantages(ctx.rewards).reshape(-1)

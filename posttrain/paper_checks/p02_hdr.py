@@ -25,7 +25,9 @@ reads), so the check does not redo it; any other config recalibrates. The verdic
 an earlier coarse grid (3 values per decade) on one seed chose 5e-3 (acceptance 0.72, the strict
 edge of the band), where HD - naive is about +0.003; this rule was fixed instead of tuning tau.
 
-Simplifications: seeds run one after the other (each keeps its own variable-size buffer; tensor value
+Simplifications: the runs (seed x rule, or seed x tau in the calibration) train side by side, the
+policy forward, loss and gradient batched over runs; each run keeps its own generator and its own
+variable-size buffer, which `replay_select` and `replay_add` handle one run at a time (tensor value
 checks are off inside a run, the inputs being valid by construction); the
 stored generation log-probs are the trainer's own (no engine mismatch).
 
@@ -40,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,15 +50,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
-from posttrain.estimators.replay import ReplayBuffer, replay_add, replay_init, replay_rule, replay_select
+from posttrain.estimators import clipped_ratio_loss, group_normalized_advantages
+from posttrain.estimators.replay import ReplayBuffer, ReplayRule, replay_add, replay_init, replay_rule, replay_select
 from posttrain.paper_checks import register_check
 from posttrain.paper_checks._criteria import mean_and_seeds
 from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result, fraction_criterion, mean_criterion
-from posttrain.simulators import sample_arms
+from posttrain.simulators import SeedRNG, sample_arms
 from posttrain.validate import value_checks
 
-__all__ = ["Config", "LinearBandit", "calibrate_tau", "run", "train_seed"]
+__all__ = ["Config", "LinearBandit", "calibrate_tau", "run", "train_runs", "train_seed"]
 
 CALIBRATION_CACHE = Path(__file__).with_name("_p02_calibration.json")
 _NOT_CALIBRATION = ("seeds", "margin_reason", "on_policy_slack")  # config fields the calibration never reads
@@ -116,69 +119,139 @@ class LinearBandit:
         return float(self.logp(w, torch.arange(self.x.shape[0])).exp().gather(-1, self.best.unsqueeze(-1)).mean())
 
 
-def fresh_batch(env: LinearBandit, w: Tensor, config: Config, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """Phase A: ``(prompts [b], actions [b, G], rewards [b, G])`` from the current policy; the only RNG use."""
-    prompts = torch.randint(0, env.x.shape[0], (config.fresh_prompts,), generator=gen)
-    actions = sample_arms(env.logp(w, prompts), config.group, gen)
-    return prompts, actions, (actions == env.best[prompts].unsqueeze(-1)).to(torch.float64)
+def fresh_batch(logp: Tensor, best: Tensor, config: Config, rng: SeedRNG) -> tuple[Tensor, Tensor, Tensor]:
+    """Phase A of every run: ``(prompts [R, b], actions [R, b, G], rewards [R, b, G])``; the only RNG use.
 
-
-def _buffer_logp(env: LinearBandit, w: Tensor, buf: ReplayBuffer) -> Tensor:
-    """``[C, K, 1]`` current log-probs of every stored action (the teacher-forced pass)."""
-    return env.logp(w, buf.prompt).gather(-1, buf.tokens[..., 0]).unsqueeze(-1)
+    ``logp [R, N, A]`` is each run's current policy on every prompt, ``best [R, N]`` its correct
+    actions; run ``r`` draws its prompts, then its uniforms, from its own generator ``rng.generators[r]``.
+    """
+    prompts = torch.stack(
+        [torch.randint(0, logp.shape[1], (config.fresh_prompts,), generator=g) for g in rng.generators]
+    )
+    rows = torch.arange(logp.shape[0]).unsqueeze(-1)
+    actions = sample_arms(logp[rows, prompts], config.group, rng)
+    return prompts, actions, (actions == best[rows, prompts].unsqueeze(-1)).to(torch.float64)
 
 
 def train_seed(
     config: Config, seed: int, rule: str | None, tau: float, *, k_rep: int | None = None
 ) -> dict[str, float]:
     """One seed, one replay rule (None = on-policy matched); returns accuracy and replay diagnostics."""
+    return train_runs(config, [(seed, rule, tau)], k_rep=k_rep)[0]
+
+
+def train_runs(
+    config: Config, runs: Sequence[tuple[int, str | None, float]], *, k_rep: int | None = None
+) -> list[dict[str, float]]:
+    """Independent runs ``(seed, rule, tau)`` trained side by side; one `train_seed` result per run.
+
+    Each run has its own prompts, teacher, generator (``seed * 7919 + 1``), weights and replay
+    buffer; the policy forward, the loss and the gradient are batched over runs (the summed
+    per-run losses have each run's own gradient), the buffers go through `replay_select` and
+    `replay_add` one run at a time.
+    """
     with value_checks(False):  # every tensor is valid by construction: value checks are pure overhead (~10%)
-        return _train_seed(config, seed, rule, tau, k_rep=k_rep)
+        return _train_runs(config, list(runs), k_rep=config.k_rep if k_rep is None else k_rep)
 
 
-def _train_seed(config: Config, seed: int, rule: str | None, tau: float, *, k_rep: int | None) -> dict[str, float]:
-    env = LinearBandit.make(config, seed)
-    gen = torch.Generator().manual_seed(seed * 7919 + 1)
-    w = torch.zeros(config.actions, config.dim, dtype=torch.float64)
-    buf = replay_init(config.group, 1, dtype=torch.float64)
-    k_rep = config.k_rep if k_rep is None else k_rep
-    scanned = admitted = 0
-    replayed_headroom: list[float] = []
+def _train_runs(config: Config, runs: list[tuple[int, str | None, float]], *, k_rep: int) -> list[dict[str, float]]:
+    n_runs, groups = len(runs), config.group
+    envs = [LinearBandit.make(config, seed) for seed, _, _ in runs]
+    x = torch.stack([e.x for e in envs])  # [R, N, D]
+    best = torch.stack([e.best for e in envs])  # [R, N]
+    rng = SeedRNG(tuple(torch.Generator().manual_seed(seed * 7919 + 1) for seed, _, _ in runs))
+    rules = [None if rule is None else replay_rule(rule) for _, rule, _ in runs]
+    w = torch.zeros(n_runs, config.actions, config.dim, dtype=torch.float64)
+    bufs = [replay_init(groups, 1, dtype=torch.float64) for _ in runs]
+    scanned, admitted = [0] * n_runs, [0] * n_runs
+    replayed_headroom: list[list[float]] = [[] for _ in runs]
+    fresh_owner = torch.arange(n_runs).repeat_interleave(config.fresh_prompts * groups)
     for step in range(config.steps):
-        prompts, actions, rewards = fresh_batch(env, w, config, gen)
-        adv = group_normalized_advantages(rewards)
-        chosen = torch.zeros(0, dtype=torch.long)
-        if rule is not None and buf.size > 0:  # phases B-C: rank, gate, refresh (no randomness)
-            r = replay_rule(rule)
-            sel, buf = replay_select(
-                buf, _buffer_logp(env, w, buf), k_rep=k_rep, tau=r.threshold(tau), order=r.order, step=step
-            )
-            scanned += int(sel.scanned.sum())
-            replayed_headroom += sel.runtime_headroom[sel.rows].tolist()
-            chosen = sel.rows
-        admitted += int(chosen.numel())
         wp = w.clone().requires_grad_(True)
-        logp_fresh = env.logp(wp, prompts).gather(-1, actions)  # [b, G], on-policy: ratio 1
-        logp_rep = env.logp(wp, buf.prompt[chosen]).gather(-1, buf.tokens[chosen, :, 0])  # [R, G]
-        logp_all = torch.cat([logp_fresh, logp_rep]).reshape(-1, 1)
-        old_all = torch.cat([logp_fresh.detach(), buf.logp_gen[chosen, :, 0]]).reshape(-1, 1)  # pi_old := pi_gen
-        adv_all = torch.cat([adv, buf.advantages[chosen]]).reshape(-1)  # stored advantages
+        logp = _policy_logp(x, wp)  # [R, N, A], every run's policy on every prompt (one batched product)
+        prompts, actions, rewards = fresh_batch(logp.detach(), best, config, rng)
+        adv = group_normalized_advantages(rewards.reshape(-1, groups)).reshape(rewards.shape)
+        chosen = _replay_phase(logp.detach(), bufs, rules, runs, k_rep, step, scanned, replayed_headroom)
+        for r, c in enumerate(chosen):
+            admitted[r] += int(c.numel())
+        rep_run, rep_prompt, rep_tokens, rep_logp_gen, rep_adv = _admitted_rows(bufs, chosen)
+        rows = torch.arange(n_runs).unsqueeze(-1)
+        logp_fresh = logp[rows, prompts].gather(-1, actions)  # [R, b, G], on-policy: ratio 1
+        logp_rep = logp[rep_run, rep_prompt].gather(-1, rep_tokens)  # [M, G]
+        logp_all = torch.cat([logp_fresh.reshape(-1), logp_rep.reshape(-1)]).unsqueeze(-1)
+        old_all = torch.cat([logp_fresh.detach().reshape(-1), rep_logp_gen.reshape(-1)]).unsqueeze(-1)  # pi_gen
+        adv_all = torch.cat([adv.reshape(-1), rep_adv.reshape(-1)])  # stored advantages
         mask = torch.ones_like(logp_all, dtype=torch.bool)
         loss, _ = clipped_ratio_loss(logp_all, old_all, adv_all, mask, clip_low=config.clip, clip_high=config.clip)
-        (grad,) = torch.autograd.grad(aggregate(loss, mask, "token-mean"), wp)  # = mean over groups (T = 1, equal K)
+        owner = torch.cat([fresh_owner, rep_run.repeat_interleave(groups)])
+        # each run's token-mean (= mean over its groups of their token means: T = 1, equal K)
+        total = loss.new_zeros(n_runs).index_add(0, owner, loss[:, 0])
+        count = torch.bincount(owner, minlength=n_runs).to(loss.dtype)
+        (grad,) = torch.autograd.grad((total / count).sum(), wp)  # runs are independent: row r is run r's gradient
         w = w - config.lr * grad
-        if rule is not None:  # phase E: ingress after the update
-            buf = replay_add(
-                buf, tokens=actions.unsqueeze(-1), mask=torch.ones(*actions.shape, 1, dtype=torch.bool),
-                rewards=rewards, advantages=adv, logp_gen=logp_fresh.detach().unsqueeze(-1), prompt=prompts,
-                step=step, capacity=config.capacity,
-            )  # fmt: skip
-    return {
-        "accuracy": env.accuracy(w),
-        "acceptance": admitted / max(scanned, 1),
-        "replayed_headroom": float(np.mean(replayed_headroom)) if replayed_headroom else float("nan"),
-        "replayed_per_step": admitted / config.steps,
-    }
+        for r, rule in enumerate(rules):  # phase E: ingress after the update
+            if rule is not None:
+                bufs[r] = replay_add(
+                    bufs[r], tokens=actions[r].unsqueeze(-1), mask=torch.ones(*actions.shape[1:], 1, dtype=torch.bool),
+                    rewards=rewards[r], advantages=adv[r], logp_gen=logp_fresh[r].detach().unsqueeze(-1),
+                    prompt=prompts[r], step=step, capacity=config.capacity,
+                )  # fmt: skip
+    accuracy = _policy_logp(x, w).exp().gather(-1, best.unsqueeze(-1))[..., 0].mean(-1)
+    return [
+        {
+            "accuracy": float(accuracy[r]),
+            "acceptance": admitted[r] / max(scanned[r], 1),
+            "replayed_headroom": float(np.mean(replayed_headroom[r])) if replayed_headroom[r] else float("nan"),
+            "replayed_per_step": admitted[r] / config.steps,
+        }
+        for r in range(n_runs)
+    ]
+
+
+def _policy_logp(x: Tensor, w: Tensor) -> Tensor:
+    """``[R, N, A]`` log pi_r(.|x) of every run on every prompt: softmax(W_r x)."""
+    return torch.log_softmax(torch.bmm(x, w.transpose(1, 2)), dim=-1)
+
+
+def _admitted_rows(bufs: list[ReplayBuffer], chosen: list[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The admitted groups of all runs stacked: ``(run [M], prompt [M], actions [M, G], logp_gen [M, G],
+    advantages [M, G])``."""
+    offsets = np.cumsum([0] + [b.size for b in bufs[:-1]]).tolist()
+    index = torch.cat([c + off for c, off in zip(chosen, offsets, strict=True)])
+    run = torch.cat([torch.full((c.numel(),), r, dtype=torch.long) for r, c in enumerate(chosen)])
+    return (
+        run,
+        torch.cat([b.prompt for b in bufs])[index],
+        torch.cat([b.tokens[..., 0] for b in bufs])[index],
+        torch.cat([b.logp_gen[..., 0] for b in bufs])[index],
+        torch.cat([b.advantages for b in bufs])[index],
+    )
+
+
+def _replay_phase(
+    logp: Tensor,
+    bufs: list[ReplayBuffer],
+    rules: list[ReplayRule | None],
+    runs: list[tuple[int, str | None, float]],
+    k_rep: int,
+    step: int,
+    scanned: list[int],
+    replayed_headroom: list[list[float]],
+) -> list[Tensor]:
+    """Phases B-C of every replay run (rank, gate, refresh; no randomness): the admitted rows of each buffer."""
+    chosen = []
+    for r, (rule, buf) in enumerate(zip(rules, bufs, strict=True)):
+        if rule is None or buf.size == 0:
+            chosen.append(torch.zeros(0, dtype=torch.long))
+            continue
+        stored = logp[r, buf.prompt].gather(-1, buf.tokens[..., 0]).unsqueeze(-1)  # [C, K, 1] teacher-forced pass
+        sel, bufs[r] = replay_select(
+            buf, stored, k_rep=k_rep, tau=rule.threshold(runs[r][2]), order=rule.order, step=step
+        )
+        scanned[r] += int(sel.scanned.sum())
+        replayed_headroom[r] += sel.runtime_headroom[sel.rows].tolist()
+        chosen.append(sel.rows)
+    return chosen
 
 
 def _calibration_key(config: Config) -> dict[str, object]:
@@ -196,9 +269,11 @@ def calibrate_tau(config: Config, *, cache: bool = True) -> tuple[float, dict[fl
         for entry in json.loads(CALIBRATION_CACHE.read_text()):
             if entry["key"] == key:
                 return float(entry["tau"]), {float(t): float(r) for t, r in entry["rates"]}
+    seeds = config.calibration_seeds
+    out = train_runs(config, [(s, "hdr", tau) for tau in config.tau_grid for s in seeds])  # all taus side by side
     rates = {
-        tau: float(np.mean([train_seed(config, s, "hdr", tau)["acceptance"] for s in config.calibration_seeds]))
-        for tau in config.tau_grid
+        tau: float(np.mean([r["acceptance"] for r in out[i * len(seeds) : (i + 1) * len(seeds)]]))
+        for i, tau in enumerate(config.tau_grid)
     }
     mid = 0.5 * sum(config.acceptance_band)
     return min(config.tau_grid, key=lambda t: abs(rates[t] - mid)), rates
@@ -223,7 +298,8 @@ def run(config: Config) -> Result:
         "on_policy": None, "naive": "naive_recency", "headroom_only": "headroom_only",
         "drift_only": "drift_only", "hdr": "hdr",
     }  # fmt: skip
-    out = {name: [train_seed(config, s, rule, tau) for s in range(config.seeds)] for name, rule in rules.items()}
+    flat = train_runs(config, [(s, rule, tau) for rule in rules.values() for s in range(config.seeds)])
+    out = {name: flat[i * config.seeds : (i + 1) * config.seeds] for i, name in enumerate(rules)}
 
     def col(name: str, key: str) -> np.ndarray:
         return np.array([r[key] for r in out[name]])

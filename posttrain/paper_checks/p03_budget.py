@@ -85,15 +85,18 @@ def _newton(
     """
     theta = theta0.copy()
     alphas = 0.5 ** np.arange(8)
+    current = value(theta)  # the objective at theta, carried over (each element's value is its own row's)
     for _ in range(iters):
         grad, hess = grad_hess(theta)
         step = np.linalg.solve(hess, grad[..., None])[..., 0]
         trials = theta[None] - alphas.reshape(-1, *([1] * theta.ndim)) * step[None]  # [A, ..., k]
         values = np.stack([value(t) for t in trials])  # [A, ...]
         choice = np.argmin(values, axis=0)
-        better = np.take_along_axis(values, choice[None], 0)[0] < value(theta)
+        best = np.take_along_axis(values, choice[None], 0)[0]
+        better = best < current
         new = np.take_along_axis(trials, choice[None, ..., None], 0)[0]
         theta = np.where(better[..., None], new, theta)
+        current = np.where(better, best, current)
     return theta
 
 
@@ -103,10 +106,17 @@ def _logits(f: np.ndarray, theta: np.ndarray) -> np.ndarray:
     return np.matmul(f.reshape(s, p * m, k), theta.transpose(0, 2, 1)).transpose(0, 2, 1).reshape(s, -1, p, m)
 
 
-def _logsumexp(x: np.ndarray) -> np.ndarray:
-    """Log-sum-exp over the last axis (plain numpy: scipy's array-API version dominates the run time here)."""
-    top = x.max(axis=-1, keepdims=True)
-    return np.asarray((top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))[..., 0])
+def _softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis (scipy's formula, without its array-API dispatch)."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return np.asarray(e / e.sum(axis=-1, keepdims=True))
+
+
+def _logsumexp_axis0(x: np.ndarray) -> np.ndarray:
+    """Log-sum-exp over the first axis: a reduction across contiguous slabs, much faster in numpy than
+    one over a short last axis (the line search evaluates it eight times per Newton iteration)."""
+    top = x.max(axis=0)
+    return np.asarray(top + np.log(np.exp(x - top).sum(axis=0)))
 
 
 def _run_size(config: Config, env: dict[str, np.ndarray], size: str, grid: np.ndarray, rho: float) -> np.ndarray:
@@ -119,20 +129,29 @@ def _run_size(config: Config, env: dict[str, np.ndarray], size: str, grid: np.nd
     use = np.arange(b)[None, :] < n_sft[:, None]  # [R, B] prefix of the demo pool
     counts = np.einsum("rb,sbpm->srpm", use.astype(np.float64), env["demo_onehot"])  # [S, R, P, M]
     n_x = counts.sum(axis=-1)  # [S, R, P]
-    ff = (f[..., :, None] * f[..., None, :]).reshape(s, p * m, k * k)
+    ff_rows = (f[..., :, None] * f[..., None, :]).reshape(s, p * m, k, k).transpose(0, 2, 1, 3)  # [S, k, P*M, k]
     init = np.broadcast_to(theta_base[:, None, :], (s, grid.size, k))
 
+    demo_f = np.einsum("srpm,spmk->srk", counts, f)  # sum of the demonstrations' features, [S, R, k]
+    f_by_response = np.ascontiguousarray(f.transpose(0, 2, 1, 3)).reshape(s, m * p, k)  # rows (m, p)
+    n_x_by_prompt = np.ascontiguousarray(n_x.transpose(2, 0, 1))  # [P, S, R]
+
     def sft_value(theta: np.ndarray) -> np.ndarray:
-        logits = _logits(f, theta)
-        loglik = np.sum(counts * logits, axis=(-2, -1)) - np.sum(n_x * _logsumexp(logits), axis=-1)
+        # sum_{x,y} counts log pi(y|x) = demo_f . theta - sum_x n_x logsumexp_y F[x, y] theta
+        logits = np.matmul(f_by_response, theta.transpose(0, 2, 1)).reshape(s, m, p, grid.size)
+        lse = _logsumexp_axis0(logits.transpose(1, 2, 0, 3))  # [P, S, R]
+        loglik = np.sum(demo_f * theta, axis=-1) - np.sum(n_x_by_prompt * lse, axis=0)
         return np.asarray(-loglik + 0.5 * np.sum((theta - init) ** 2, axis=-1))
 
     def sft(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pi = softmax(_logits(f, theta), axis=-1)
-        mean_f = np.einsum("srpm,spmk->srpk", pi, f)
-        grad = np.einsum("srpm,spmk->srk", counts, f) - np.einsum("srp,srpk->srk", n_x, mean_f) - (theta - init)
-        second = np.matmul((n_x[..., None] * pi).reshape(s, grid.size, p * m), ff).reshape(s, grid.size, k, k)
-        cov = second - np.einsum("srp,srpk,srpl->srkl", n_x, mean_f, mean_f)
+        pi = _softmax(_logits(f, theta))
+        mean_f = np.matmul(pi.transpose(0, 2, 1, 3), f).transpose(0, 2, 1, 3)  # [S, R, P, k]: E_pi F per prompt
+        weighted = n_x[..., None] * mean_f
+        grad = demo_f - weighted.sum(axis=-2) - (theta - init)
+        # sum_{x,y} n_x pi F F^T, one k-row block at a time: [R, P*M] @ [P*M, k] products stay below
+        # OpenBLAS's threading threshold (threading this product multiplied its CPU time on a busy machine)
+        second = np.matmul((n_x[..., None] * pi).reshape(s, 1, grid.size, p * m), ff_rows).transpose(0, 2, 1, 3)
+        cov = second - np.matmul(weighted.transpose(0, 1, 3, 2), mean_f)  # sum_p n_x E[F] E[F]^T
         return -grad, cov + np.eye(k)
 
     theta_sft = _newton(init, sft_value, sft, config.newton_iters)
@@ -146,14 +165,17 @@ def _run_size(config: Config, env: dict[str, np.ndarray], size: str, grid: np.nd
     label = (env["u_label"][:, None, :] < expit(env["reward"][si, bi, ya] - env["reward"][si, bi, yb])).astype(float)
     active = (np.arange(b)[None, :] < n_rl[:, None]).astype(np.float64)[None]  # [1, R, B]
 
+    def margin(delta: np.ndarray) -> np.ndarray:
+        return np.matmul(d, delta[..., None])[..., 0]  # [S, R, B]: d . delta
+
     def dpo_value(delta: np.ndarray) -> np.ndarray:
-        u = np.einsum("srbk,srk->srb", d, delta)
+        u = margin(delta)
         return np.asarray(np.sum(active * (np.logaddexp(0.0, u) - label * u), axis=-1) + 0.5 * np.sum(delta**2, -1))
 
     def dpo(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        prob = expit(np.einsum("srbk,srk->srb", d, delta))
-        grad = np.einsum("srb,srbk->srk", active * (prob - label), d) + delta
-        hess = np.einsum("srb,srbk,srbl->srkl", active * prob * (1 - prob), d, d) + np.eye(k)
+        prob = expit(margin(delta))
+        grad = np.matmul((active * (prob - label))[..., None, :], d)[..., 0, :] + delta
+        hess = np.matmul(((active * prob * (1 - prob))[..., None] * d).swapaxes(-1, -2), d) + np.eye(k)
         return grad, hess
 
     delta = _newton(np.zeros((s, grid.size, k)), dpo_value, dpo, config.newton_iters)

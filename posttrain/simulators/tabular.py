@@ -151,7 +151,7 @@ def sample_sequences(
     node = torch.zeros(*lead, g, int(k), dtype=torch.long)
     alive = torch.ones(*lead, g, int(k), dtype=torch.bool)
     for t in range(spec.horizon):  # autoregressive: position t needs y_{<t}
-        logits = flat[base + node]  # [*s, G, K, V]
+        logits = flat.index_select(0, (base + node).reshape(-1)).reshape(*node.shape, v)  # [*s, G, K, V]
         y = torch.where(alive, sample_categorical(logits, u[..., t, None])[..., 0], 0)
         tokens[..., t] = y
         logp[..., t] = torch.where(alive, log_softmax_small(logits).gather(-1, y[..., None])[..., 0], 0.0)

@@ -17,6 +17,7 @@ elementwise optimiser (Adam) the seeds are independent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ __all__ = [
     "TeacherStep",
     "TrainResult",
     "exact_success",
+    "fixed_token_logp",
     "match_reward",
     "node_log_probs",
     "split_step",
@@ -72,28 +74,59 @@ class TrainResult:
     """``[steps + 1, S]`` tracked score after each step (row 0: before training)."""
 
 
+def _visited_rows(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
+    """``[*seeds * G * K * T]`` index of each prefix's logit row in ``table.reshape(-1, V)`` (row-major)."""
+    if table.ndim != tokens.ndim:
+        raise ShapeError(f"tokens: expected rank {table.ndim} ([*seeds, G, K, T]), got {list(tokens.shape)}")
+    lead_g = table.shape[:-2]
+    base = torch.arange(math.prod(lead_g), device=tokens.device).reshape(*lead_g, 1) * spec.num_nodes
+    return (base + spec.prefix_nodes(tokens).reshape(*lead_g, -1)).reshape(-1)
+
+
+def _row_copies(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
+    """``[*seeds * G * K * T, V]`` copies of the visited logit rows (one ``index_select`` of whole rows)."""
+    return table.reshape(-1, spec.vocab).index_select(0, _visited_rows(spec, table, tokens))
+
+
+def _rows_token_logp(spec: TabularSpec, rows: Tensor, tokens: Tensor) -> Tensor:
+    """``[*seeds, G, K, T]`` log-prob of each token from its prefix's logit row ``rows [*seeds * G * K * T, V]``."""
+    logp = torch.log_softmax(rows, dim=-1).gather(-1, tokens.reshape(-1, 1)).reshape(tokens.shape)
+    return zero_off_mask(logp, spec.response_mask(tokens))
+
+
 def node_log_probs(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
     """``[*seeds, G, K, T, V]`` log-softmax of ``table [*seeds, G, N, V]`` at every prefix of ``tokens``.
 
-    Gathers the visited rows first and normalises only those (differentiable; far cheaper than
+    Copies the visited rows first and normalises only those (differentiable; far cheaper than
     normalising the whole table when few nodes are visited).
     """
-    if table.ndim != tokens.ndim:
-        raise ShapeError(f"tokens: expected rank {table.ndim} ([*seeds, G, K, T]), got {list(tokens.shape)}")
-    nodes = spec.prefix_nodes(tokens)  # [*s, G, K, T]
-    lead_g = table.shape[:-2]
-    k, t = tokens.shape[-2:]
-    idx = nodes.reshape(*lead_g, k * t, 1).expand(*lead_g, k * t, spec.vocab)
-    return torch.log_softmax(table.gather(-2, idx), dim=-1).reshape(*lead_g, k, t, spec.vocab)
+    return torch.log_softmax(_row_copies(spec, table, tokens), dim=-1).reshape(*tokens.shape, spec.vocab)
 
 
 def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
     """``[*seeds, G, K, T]`` log-prob of each token given its prefix (differentiable), 0 off the response mask.
 
-    Same values as `posttrain.simulators.tabular.token_logp`, via `node_log_probs`.
+    Same values as `posttrain.simulators.tabular.token_logp`, from the visited rows only (as `node_log_probs`).
     """
-    logp = node_log_probs(spec, table, tokens).gather(-1, tokens.unsqueeze(-1))[..., 0]
-    return zero_off_mask(logp, spec.response_mask(tokens))
+    return _rows_token_logp(spec, _row_copies(spec, table, tokens), tokens)
+
+
+def fixed_token_logp(spec: TabularSpec, table: Tensor) -> Callable[[Tensor], Tensor]:
+    """`visited_token_logp` for a table that never changes (a teacher): normalised once, then one gather per call.
+
+    ``tokens [*seeds, G, K, T] -> [*seeds, G, K, T]`` with the same values as
+    ``visited_token_logp(spec, table, tokens)`` (log-softmax is row-wise), no gradient.
+    """
+    log_probs = torch.log_softmax(table.detach(), dim=-1).flatten(-2)  # [*seeds, G, N * V]
+
+    def token_logp(tokens: Tensor) -> Tensor:
+        if tokens.ndim != table.ndim:
+            raise ShapeError(f"tokens: expected rank {table.ndim} ([*seeds, G, K, T]), got {list(tokens.shape)}")
+        edges = (spec.prefix_nodes(tokens) * spec.vocab + tokens).reshape(*log_probs.shape[:-1], -1)
+        logp = log_probs.gather(-1, edges).reshape(tokens.shape)
+        return zero_off_mask(logp, spec.response_mask(tokens))
+
+    return token_logp
 
 
 def exact_success(spec: TabularSpec, table: Tensor, correct: Tensor) -> Tensor:
@@ -105,25 +138,20 @@ def exact_success(spec: TabularSpec, table: Tensor, correct: Tensor) -> Tensor:
 
 
 def split_step(ctx: TeacherStep, parts: int) -> list[TeacherStep]:
-    """Split a step of ``parts * S`` seed rows into ``parts`` steps of ``S`` rows (views; gradients flow)."""
+    """Split a step of ``parts * S`` seed rows into ``parts`` steps of ``S`` rows (views; gradients flow).
+
+    One ``split`` per field, so the backward joins the parts' gradients in one pass.
+    """
     s_all = ctx.theta.shape[0]
     if s_all % parts:
         raise ShapeError(f"parts: {parts} does not divide the {s_all} seed rows")
     n = s_all // parts
     rows, bt = ctx.rewards.shape[0] // parts, ctx.logp.shape[0] // parts
-    return [
-        TeacherStep(
-            ctx.step,
-            ctx.rewards[i * rows : (i + 1) * rows],
-            ctx.logp[i * bt : (i + 1) * bt],
-            ctx.logp_old[i * bt : (i + 1) * bt],
-            ctx.mask[i * bt : (i + 1) * bt],
-            ctx.tokens[i * n : (i + 1) * n],
-            ctx.theta[i * n : (i + 1) * n],
-            ctx.history[:, i * n : (i + 1) * n],
-        )
-        for i in range(parts)
-    ]
+    fields = zip(
+        ctx.rewards.split(rows), ctx.logp.split(bt), ctx.logp_old.split(bt), ctx.mask.split(bt),
+        ctx.tokens.split(n), ctx.theta.split(n), ctx.history.split(n, dim=1), strict=True,
+    )  # fmt: skip
+    return [TeacherStep(ctx.step, *f) for f in fields]
 
 
 def stack_methods(methods: Sequence[Callable[[TeacherStep], Tensor]]) -> Callable[[TeacherStep], Tensor]:
@@ -164,11 +192,17 @@ def train_with_teacher(
 
     Returns:
         `TrainResult`.
+
+    The student's log-probs are computed from a copy of the visited rows (a leaf), and `_RowGrad`
+    writes their gradient into one reused dense buffer: the same gradient as autograd through the
+    table, without a table-sized allocation per step. Adam itself stays dense: its moments decay
+    on every row at every step.
     """
     rng = SeedRNG.from_seeds(list(seeds), stream=0)
     s, g = theta0.shape[0], theta0.shape[1]
-    theta = theta0.detach().clone().requires_grad_(True)
+    theta = theta0.detach().clone(memory_format=torch.contiguous_format).requires_grad_(True)
     opt = torch.optim.Adam([theta], lr=lr, fused=True)  # one pass over the dense table per step (same numbers)
+    grad = _RowGrad(theta)
     curve: list[Tensor] = []
     with torch.no_grad():
         if track is not None:
@@ -177,7 +211,9 @@ def train_with_teacher(
         with torch.no_grad():
             tokens, mask, _ = sample_sequences(spec, theta.detach(), k, rng)
             rewards = reward_fn(tokens, mask)
-        logp = visited_token_logp(spec, theta, tokens).reshape(-1, spec.horizon)
+        rows_idx = _visited_rows(spec, theta, tokens)
+        rows = theta.detach().view(-1, spec.vocab).index_select(0, rows_idx).requires_grad_(True)  # a leaf
+        logp = _rows_token_logp(spec, rows, tokens).reshape(-1, spec.horizon)  # visited_token_logp's values
         flat_mask = mask.reshape(-1, spec.horizon)
         history = torch.stack(curve) if curve else torch.zeros(0, s, dtype=theta.dtype)
         ctx = TeacherStep(step, rewards.reshape(s * g, k), logp, logp.detach(), flat_mask, tokens, theta, history)
@@ -185,11 +221,43 @@ def train_with_teacher(
         per_seed = masked_mean(loss_tok.reshape(s, -1), flat_mask.reshape(s, -1), dim=-1)
         opt.zero_grad(set_to_none=True)
         per_seed.sum().backward()
+        theta.grad = grad.assemble(rows_idx, rows.grad, theta.grad)
         opt.step()
         if track is not None:
             with torch.no_grad():
                 curve.append(track(theta.detach()))
     return TrainResult(theta.detach(), torch.stack(curve) if curve else torch.zeros(0, s, dtype=theta.dtype))
+
+
+class _RowGrad:
+    """The dense gradient of a logits table whose loss reads only a few rows, in one reused buffer.
+
+    Autograd's backward of a row gather allocates and zero-fills a table-sized gradient every step;
+    here the buffer is allocated once and only the rows written the step before are re-zeroed. The
+    rows' gradients are added one after another in gather order, as autograd's scatter-add does,
+    so the result is the same tensor bit for bit (tests/simulators hold the two equal). A gradient
+    that a method takes through the table itself is added on top (equal to rounding: autograd may
+    sum the paths in another order).
+    """
+
+    def __init__(self, table: Tensor) -> None:
+        self.dense = torch.zeros(table.shape, dtype=table.dtype, device=table.device)
+        self._flat = self.dense.view(-1, table.shape[-1])
+        self._written: Tensor | None = None
+
+    def assemble(self, rows_idx: Tensor, rows_grad: Tensor | None, table_grad: Tensor | None) -> Tensor | None:
+        """``table.grad`` for rows ``rows_idx [R]`` with gradient ``rows_grad [R, V]`` (plus a direct ``table_grad``).
+
+        Returns None when neither has a gradient (the optimiser then skips the table, as autograd would).
+        """
+        if self._written is not None:
+            self._flat.index_fill_(0, self._written, 0.0)
+            self._written = None
+        if rows_grad is None:
+            return table_grad
+        self._flat.index_add_(0, rows_idx, rows_grad)
+        self._written = rows_idx
+        return self.dense if table_grad is None else self.dense + table_grad  # a method read ctx.theta itself
 
 
 def match_reward(correct: Tensor) -> Callable[[Tensor, Tensor], Tensor]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from torch import Tensor
 
 from posttrain.paper_checks.p01_opd_then_rl import ASSERTED, Config, run
 from tests.paper_checks._distill_contract import assert_contract
@@ -38,13 +41,18 @@ def test_opd_then_rl_runs_the_teacher_only_before_the_switch(monkeypatch: pytest
     from posttrain.simulators.teacher_tabular import train_methods
 
     calls: list[int] = []
-    original = p01.visited_token_logp
+    original = p01.fixed_token_logp
 
-    def counting(*args: object, **kwargs: object) -> object:
-        calls.append(1)
-        return original(*args, **kwargs)  # type: ignore[arg-type]
+    def counting(*args: Any, **kwargs: Any) -> Callable[[Tensor], Tensor]:
+        forward = original(*args, **kwargs)
 
-    monkeypatch.setattr(p01, "visited_token_logp", counting)  # the check's only teacher forward
+        def counted(tokens: Tensor) -> Tensor:
+            calls.append(1)
+            return forward(tokens)
+
+        return counted
+
+    monkeypatch.setattr(p01, "fixed_token_logp", counting)  # the check's only teacher forward
     cfg = dataclasses.replace(TINY, steps=9, switch=4)
     env = p01._make_env(cfg)
     train_methods(env.spec, env.student, env.targets, [p01._method("opd_then_rl", cfg, env)], steps=9, k=4, lr=0.05)

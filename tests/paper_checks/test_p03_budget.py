@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from posttrain.paper_checks.p03_budget import Config, run
+import numpy as np
+from scipy.special import expit, logsumexp, softmax
+
+from posttrain.paper_checks.p03_budget import Config, _logsumexp_axis0, _newton, _softmax, run
 from tests.paper_checks._es_contract import CheckContract
 
 
@@ -17,3 +20,43 @@ class TestP03(CheckContract):
     config_type = Config
     run = staticmethod(run)
     tiny: ClassVar[dict[str, Any]] = {"seeds": 2, "newton_iters": 4, "n_boot": 20, "budget": 60}
+
+
+def _newton_reevaluating(theta0, value, grad_hess, iters):  # type: ignore[no-untyped-def]
+    """`_newton` as first written: the objective at the current point evaluated anew every iteration."""
+    theta = theta0.copy()
+    alphas = 0.5 ** np.arange(8)
+    for _ in range(iters):
+        grad, hess = grad_hess(theta)
+        step = np.linalg.solve(hess, grad[..., None])[..., 0]
+        trials = theta[None] - alphas.reshape(-1, *([1] * theta.ndim)) * step[None]
+        values = np.stack([value(t) for t in trials])
+        choice = np.argmin(values, axis=0)
+        better = np.take_along_axis(values, choice[None], 0)[0] < value(theta)
+        theta = np.where(better[..., None], np.take_along_axis(trials, choice[None, ..., None], 0)[0], theta)
+    return theta
+
+
+def test_newton_carrying_the_objective_equals_reevaluating_it() -> None:
+    """Ridge logistic regressions on near-separable data (the line search often stays put): bit-identical."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 40, 4)) * 4.0
+    y = (rng.random((3, 5, 40)) < expit(x @ np.array([2.0, -1.0, 0.5, 3.0]))).astype(float)
+
+    def value(t: np.ndarray) -> np.ndarray:
+        u = np.matmul(x, t[..., None])[..., 0]
+        return np.asarray(np.sum(np.logaddexp(0.0, u) - y * u, -1) + 0.5 * np.sum(t**2, -1))
+
+    def grad_hess(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p = expit(np.matmul(x, t[..., None])[..., 0])
+        hess = np.matmul(((p * (1 - p))[..., None] * x).swapaxes(-1, -2), x) + np.eye(4)
+        return np.matmul((p - y)[..., None, :], x)[..., 0, :] + t, hess
+
+    start = np.zeros((3, 5, 4))
+    assert np.array_equal(_newton(start, value, grad_hess, 12), _newton_reevaluating(start, value, grad_hess, 12))
+
+
+def test_numpy_softmax_and_logsumexp_match_scipy() -> None:
+    x = np.random.default_rng(1).standard_normal((10, 3, 7, 5)) * 30.0
+    assert np.array_equal(_softmax(x), softmax(x, axis=-1))  # the same formula, bit for bit
+    assert np.allclose(_logsumexp_axis0(x), logsumexp(x, axis=0), rtol=1e-14, atol=1e-12)

@@ -180,6 +180,22 @@ def test_masked_positions_never_change_any_output(batch: PolicyBatch, data: st.D
     assert torch.equal(reinforce_pp_advantages(batch.logp, m), reinforce_pp_advantages(scramble(batch.logp), m))
 
 
+@given(policy_batches())
+def test_premasked_aggregate_equals_masked_on_a_policy_loss(batch: PolicyBatch) -> None:
+    """``premasked=True`` on a policy loss (0 off the mask) gives the masked aggregate and its gradient."""
+    m = batch.mask
+    for mode in MODES:
+        values = {}
+        grads = {}
+        for premasked in (False, True):
+            lp = batch.logp.detach().requires_grad_(True)
+            loss, _ = clipped_ratio_loss(lp, batch.logp_old, batch.advantages, m, dual_clip=3.0)
+            values[premasked] = aggregate(loss, m, mode, premasked=premasked)
+            (grads[premasked],) = torch.autograd.grad(values[premasked], lp)
+        torch.testing.assert_close(values[True], values[False], **ULPS)
+        torch.testing.assert_close(grads[True], grads[False], **ULPS)
+
+
 @given(policy_batches(), st.integers(1, 4), st.data())
 def test_aggregation_independent_of_extra_padding(batch: PolicyBatch, extra: int, data: st.DataObject) -> None:
     values, m = batch.logp, batch.mask

@@ -191,12 +191,26 @@ class HFEngine:
         sampling: SamplingConfig | None = None,
         synced_gpus: bool = False,
         stop_check_every: int | None = None,
+        compile_decode: bool = False,
     ) -> None:
         """``stop_check_every``: tokens between stop tests (host syncs); None: 1 on CPU, where a sync
-        is free and a wasted forward is not, and 8 on an accelerator."""
+        is free and a wasted forward is not, and 8 on an accelerator.
+
+        ``compile_decode``: the one-token decode forward runs through ``torch.compile`` with a
+        static KV cache (``StaticCache``: fixed shapes, so one compiled graph serves every step; the
+        prefill stays eager). Rows are then never compacted. The compile (tens of seconds, again
+        at the first new batch size or prompt width, after which the shapes are marked dynamic)
+        pays back only over many rollouts: measured numbers are in ``docs/performance.md``.
+        """
         if stop_check_every is not None:
             check_positive("stop_check_every", stop_check_every)
+        if compile_decode and synced_gpus:
+            raise DomainError(
+                "compile_decode: not supported with synced_gpus (a sharded model's forward is a collective)"
+            )
         self.stop_check_every = stop_check_every
+        self.compile_decode = bool(compile_decode)
+        self._compiled: tuple[Any, Any] | None = None  # (model, its compiled forward)
         self.model = model
         self.pad_id = int(pad_id)
         self.eos_id = int(eos_id)
@@ -237,16 +251,14 @@ class HFEngine:
         sampler consumes the same random numbers as ``generate`` (``multinomial`` draws one
         exponential per entry of ``[B, V]``) and the tokens are unchanged.
         """
-        from transformers import DynamicCache
-
         s, rows, width = self.sampling, ids.shape[0], ids.shape[1]
         tau = 1.0 if greedy else s.temperature
         attn = torch.ones(rows, width + s.max_new_tokens, dtype=torch.long, device=ids.device)
         attn[:, :width] = pmask
         positions = position_ids(attn[:, :width])
         future = positions[:, -1:] + torch.arange(1, s.max_new_tokens + 1, device=ids.device)  # [B, T] positions
-        cache = DynamicCache(config=self.model.config)
-        keyword = _cache_keyword(self.model)
+        cache, keyword = self._new_cache(width + s.max_new_tokens), _cache_keyword(self.model)
+        static = self.compile_decode
         out = self.model(
             input_ids=ids,
             attention_mask=attn[:, :width],
@@ -254,6 +266,7 @@ class HFEngine:
             **{keyword: cache},
             use_cache=True,
             logits_to_keep=1,
+            **({"cache_position": torch.arange(width, device=ids.device)} if static else {}),
         )
         logits = out.logits[:, -1]  # [B, V]: the rows outside the model's batch keep their last logits
         batch: Tensor | None = None  # the rows in the model's batch (None: all, in order)
@@ -284,16 +297,26 @@ class HFEngine:
                 if not self._any_running(running):
                     taken = step + 1
                     break
-                if not self.synced_gpus:
+                if not (self.synced_gpus or static):
                     batch, attn, future = self._compact(cache, running, batch, attn, future)
             rows_in = y if batch is None else y[batch]
-            out = self.model(
-                input_ids=rows_in.unsqueeze(-1),
-                attention_mask=attn[:, : width + step + 1],
-                position_ids=future[:, step : step + 1],
-                **{keyword: cache},
-                use_cache=True,
-            )
+            if static:  # fixed shapes: the whole mask (the causal mask hides the unwritten slots)
+                out = self._decode_forward()(
+                    input_ids=rows_in.unsqueeze(-1),
+                    attention_mask=attn,
+                    position_ids=future[:, step : step + 1],
+                    cache_position=torch.full((1,), width + step, device=ids.device),
+                    **{keyword: cache},
+                    use_cache=True,
+                )
+            else:
+                out = self.model(
+                    input_ids=rows_in.unsqueeze(-1),
+                    attention_mask=attn[:, : width + step + 1],
+                    position_ids=future[:, step : step + 1],
+                    **{keyword: cache},
+                    use_cache=True,
+                )
             if batch is None:
                 logits = out.logits[:, -1]
             else:
@@ -302,6 +325,20 @@ class HFEngine:
         # generate stops after the step at which the last row ended: keep that many steps (one sync)
         keep = min(taken, int(alive[:taken].sum()) + 1)
         return tokens[:, :keep], logps[:, :keep]
+
+    def _new_cache(self, length: int) -> Any:
+        """A ``DynamicCache``, or with `compile_decode` a ``StaticCache`` of ``length`` positions."""
+        from transformers import DynamicCache, StaticCache
+
+        if self.compile_decode:
+            return StaticCache(config=self.model.config, max_cache_len=length)
+        return DynamicCache(config=self.model.config)
+
+    def _decode_forward(self) -> Any:
+        """The model's forward through ``torch.compile``, compiled once per model object."""
+        if self._compiled is None or self._compiled[0] is not self.model:
+            self._compiled = (self.model, torch.compile(self.model.forward))
+        return self._compiled[1]
 
     def _compact(
         self, cache: Any, running: Tensor, batch: Tensor | None, attn: Tensor, future: Tensor

@@ -50,3 +50,43 @@ def test_stop_interval_and_compaction_leave_tokens_and_logp_unchanged(
 def test_stop_check_every_must_be_positive(tiny: tuple[Any, Any]) -> None:
     with pytest.raises(DomainError, match="stop_check_every"):
         _engine(tiny, 0, stop_check_every=0)
+
+
+@pytest.mark.slow  # two torch.compile runs of the tiny model's decode step: ~45 s on a 2-core CPU
+def test_compiled_decode_draws_the_same_tokens(tiny: tuple[Any, Any]) -> None:
+    """``compile_decode``: the static-cache compiled decode samples what the eager loop samples.
+
+    Rows end at different steps (so the static path's no-compaction, full-mask decode is exercised), and a
+    second prompt width reuses the engine (the recompile with dynamic shapes)."""
+    model, tok = tiny
+    with torch.no_grad():
+        eos = int(model(input_ids=torch.tensor([tok("9=")["input_ids"]])).logits[0, -1].argmax())
+    eager, compiled = _engine(tiny, eos), _engine(tiny, eos, compile_decode=True)
+    ended = []
+    for texts in (["1+2=", "12+345=", "9="], ["123+4=", "5=", "67+8="]):
+        prompts = [tok(p)["input_ids"] for p in texts]
+        for greedy in (False, True):
+            want = eager.generate(prompts, n=4, seed=7, greedy=greedy)
+            got = compiled.generate(prompts, n=4, seed=7, greedy=greedy)
+            ended.append(bool((~want.mask).any()))
+            assert torch.equal(got.response_ids, want.response_ids)
+            assert torch.equal(got.mask, want.mask)
+            torch.testing.assert_close(got.logp, want.logp, rtol=0, atol=1e-5)
+    assert any(ended)  # some rows ended early somewhere
+
+
+def test_compile_decode_refuses_synced_gpus(tiny: tuple[Any, Any]) -> None:
+    with pytest.raises(DomainError, match="compile_decode"):
+        _engine(tiny, 0, compile_decode=True, synced_gpus=True)
+
+
+def test_compile_decode_reaches_the_engine_from_the_config(tiny: tuple[Any, Any], tiny_dir: Any) -> None:
+    from posttrain.llm.config import config_from_dict
+    from posttrain.llm.run import ENGINE_FACTORIES
+
+    model, tok = tiny
+    for value in (False, True):
+        cfg = config_from_dict({"rollout": {"compile_decode": value}})
+        engine = ENGINE_FACTORIES["hf"](cfg, model, tok, tiny_dir)
+        assert isinstance(engine, HFEngine) and engine.compile_decode is value
+    assert config_from_dict({}).rollout.compile_decode is False
