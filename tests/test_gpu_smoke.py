@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,11 @@ import torch
 pytest.importorskip("transformers", reason="the smoke benchmark needs the [llm] extra (transformers)")
 
 from benchmarks import gpu_smoke
+
+NEEDS_CXX = pytest.mark.skipif(
+    not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")),
+    reason="torch.compile on CPU (inductor) needs a C++ compiler; none is on PATH",
+)
 
 
 def test_tiny_run_reports_every_number(tmp_path: Path) -> None:
@@ -46,6 +53,7 @@ def test_sync_counter_is_off_on_cpu() -> None:
     assert (n, value) == ("n/a on CPU", 3)
 
 
+@NEEDS_CXX
 @pytest.mark.slow  # one torch.compile of the tiny model's decode step (~30 s on CPU)
 def test_tiny_run_with_the_compiled_decode(tmp_path: Path) -> None:
     res = gpu_smoke.main(["--tiny", "--compile-decode"])

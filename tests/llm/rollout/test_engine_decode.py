@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 import pytest
@@ -9,6 +11,11 @@ import torch
 
 from posttrain.errors import DomainError
 from posttrain.llm.rollout.engine import HFEngine, SamplingConfig
+
+NEEDS_CXX = pytest.mark.skipif(
+    not any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")),
+    reason="torch.compile on CPU (inductor) needs a C++ compiler; none is on PATH",
+)
 
 
 def _engine(tiny: tuple[Any, Any], eos: int, **options: Any) -> HFEngine:
@@ -52,6 +59,7 @@ def test_stop_check_every_must_be_positive(tiny: tuple[Any, Any]) -> None:
         _engine(tiny, 0, stop_check_every=0)
 
 
+@NEEDS_CXX
 @pytest.mark.slow  # two torch.compile runs of the tiny model's decode step: ~45 s on a 2-core CPU
 def test_compiled_decode_draws_the_same_tokens(tiny: tuple[Any, Any]) -> None:
     """``compile_decode``: the static-cache compiled decode samples what the eager loop samples.
