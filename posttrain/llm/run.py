@@ -284,7 +284,7 @@ def build_trainer(
         fillers["synthetic"] = lambda b: torch.zeros(b.batch_size, dtype=torch.bool, device=b.mask.device)
     routing: tuple[RolloutStage, ...] = ()
     if "route" in algorithm.needs:  # a per-prompt recipe router (Self-Routing): its stage, queue-only forwards
-        task, routing, routed_fillers = routing_edge(cfg, tokenizer, task, fillers)
+        routing, routed_fillers = routing_edge(cfg, tokenizer, task, fillers)
         fillers.update(routed_fillers)
     wrapped = wrap_model(model, cfg.distributed.strategy)  # FSDP2 shards in place, before the engine sees it
     engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, initial)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import random
 import string
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -79,8 +78,6 @@ from posttrain.llm.rollout.tasks import Problem
 from posttrain.llm.rollout.text import encode_prompts
 
 __all__ = [
-    "PromptBook",
-    "RecordingTask",
     "RoutingOptions",
     "RoutingStage",
     "queue_filler",
@@ -88,6 +85,7 @@ __all__ = [
     "route_seed",
     "routing_edge",
     "self_routing_algorithm",
+    "teacher_contexts",
 ]
 
 ROUTE_STREAM = 0x2047E
@@ -201,10 +199,21 @@ def route_batch(
 
 
 class RoutingStage:
-    """The rollout stage that routes each prompt (`route_batch`) from the policy's entropies at rollout time."""
+    """The rollout stage that routes each prompt (`route_batch`) from the policy's entropies at rollout time.
 
-    def __init__(self, options: RoutingOptions = _DEFAULT) -> None:
-        self.options = options
+    With ``contexts`` (the encoded self-teacher prompt of each problem, `teacher_contexts`) it also sets
+    the batch's ``context_ids``/``context_mask`` from the step's problems (`StepContext.problems`),
+    which the OPSD queue's forward scores the responses under (`queue_filler` with ``in_context``).
+    """
+
+    def __init__(
+        self,
+        options: RoutingOptions = _DEFAULT,
+        contexts: Callable[[Sequence[Problem]], list[list[int]]] | None = None,
+        *,
+        pad_id: int = 0,
+    ) -> None:
+        self.options, self.contexts, self.pad_id = options, contexts, int(pad_id)
 
     def fresh_samples(self, group_size: int) -> int:
         return group_size
@@ -219,7 +228,24 @@ class RoutingStage:
         mean_entropy = masked_mean(entropy.double(), batch.mask, dim=-1)
         gen = torch.Generator().manual_seed(route_seed(ctx.seed))
         uniforms = torch.rand(batch.num_groups, generator=gen, dtype=torch.float64)
+        if self.contexts is not None:
+            batch = self._with_contexts(batch, ctx.problems)
         return route_batch(batch, mean_entropy, uniforms, self.options)
+
+    def _with_contexts(self, batch: RolloutBatch, problems: Sequence[Problem]) -> RolloutBatch:
+        """``batch`` with each group's encoded self-teacher context on its rows."""
+        assert self.contexts is not None
+        if len(problems) != batch.num_groups:
+            raise DomainError(
+                f"problems: the self-teacher context needs the problem of each of the {batch.num_groups} groups, "
+                f"got {len(problems)}"
+            )
+        ids, mask = left_pad(self.contexts(problems), self.pad_id)
+        k, device = batch.group_size, batch.prompt_ids.device
+        return batch.replace(
+            context_ids=ids.repeat_interleave(k, dim=0).to(device),
+            context_mask=mask.repeat_interleave(k, dim=0).to(device),
+        )
 
     def after_update(self, batch: RolloutBatch, ctx: StepContext) -> None:
         return None
@@ -231,85 +257,31 @@ class RoutingStage:
         return None
 
 
-class PromptBook:
-    """The self-teacher's prompt ids of every recorded problem, keyed by the student's prompt ids.
+def teacher_contexts(
+    encode: Callable[[list[str]], list[list[int]]], template: str, solution: Callable[[Problem], str]
+) -> Callable[[Sequence[Problem]], list[list[int]]]:
+    """The encoder of the self-teacher's prompts: ``template`` formatted with each problem's prompt,
+    gold answer and (only when the template asks for it) the task's solution, encoded by ``encode``
+    exactly as the trainer encodes prompts (chat template, system turn)."""
 
-    ``encode`` turns prompt texts into token ids exactly as the trainer does (chat template, system
-    turn); the teacher prompt is ``template`` formatted with the problem's prompt, gold answer and
-    the task's solution, encoded the same way. At most ``capacity`` prompts are kept (oldest dropped).
-    """
+    def contexts(problems: Sequence[Problem]) -> list[list[int]]:
+        texts = [
+            template.format(prompt=p.prompt, answer=p.answer, solution=solution(p) if "{solution}" in template else "")
+            for p in problems
+        ]
+        return encode(texts)
 
-    def __init__(
-        self,
-        encode: Callable[[list[str]], list[list[int]]],
-        template: str,
-        solution: Callable[[Problem], str],
-        *,
-        pad_id: int,
-        capacity: int = 65536,
-    ) -> None:
-        self.encode, self.template, self.solution = encode, template, solution
-        self.pad_id, self.capacity = pad_id, capacity
-        self.entries: OrderedDict[tuple[int, ...], list[int]] = OrderedDict()
-
-    def context(self, problem: Problem) -> str:
-        """The self-teacher's prompt text of ``problem``."""
-        solution = self.solution(problem) if "{solution}" in self.template else ""
-        return self.template.format(prompt=problem.prompt, answer=problem.answer, solution=solution)
-
-    def record(self, problems: Sequence[Problem]) -> None:
-        """Add the problems' teacher prompts (keyed by their student prompt ids)."""
-        keys = [tuple(ids) for ids in self.encode([p.prompt for p in problems])]
-        new = [(key, p) for key, p in zip(keys, problems, strict=True) if key not in self.entries]
-        if new:
-            for (key, _), ids in zip(new, self.encode([self.context(p) for _, p in new]), strict=True):
-                self.entries[key] = ids
-        for key in keys:
-            self.entries.move_to_end(key)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
-
-    def teacher_prompts(self, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Left-padded ``[n, Q]`` teacher prompt ids and mask of the rows' (left-padded) student prompts."""
-        rows = []
-        for ids, m in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True):
-            key = tuple(int(x) for x in ids[m])
-            if key not in self.entries:
-                raise DomainError(
-                    "logp_teacher: no privileged context recorded for a prompt of the batch "
-                    "(the trainer's task must be the RecordingTask of this book)"
-                )
-            rows.append(self.entries[key])
-        ids_, mask_ = left_pad(rows, self.pad_id)
-        return ids_.to(prompt_ids.device), mask_.to(prompt_mask.device)
-
-
-class RecordingTask:
-    """A task whose sampled problems are recorded in a `PromptBook` (everything else delegated)."""
-
-    def __init__(self, task: Any, book: PromptBook) -> None:
-        self.task, self.book = task, book
-
-    def sample(self, rng: random.Random, n: int) -> list[Problem]:
-        problems = self.task.sample(rng, n)
-        self.book.record(problems)
-        return problems
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("task", "book"):  # not set yet (e.g. while unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.task, name)
+    return contexts
 
 
 def queue_filler(
-    fill: Callable[[RolloutBatch], Tensor],
-    recipe: Recipe,
-    prompts: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+    fill: Callable[[RolloutBatch], Tensor], recipe: Recipe, *, in_context: bool = False
 ) -> Callable[[RolloutBatch], Tensor]:
     """``fill`` (a ``[B, T]`` log-prob filler) run on the kept rows routed to ``recipe`` only; 0 elsewhere.
 
-    ``prompts`` maps those rows' prompt ids and mask to the ones the model scores (the
-    self-teacher's privileged prompts); the response ids are used as sampled.
+    ``in_context``: those rows are scored under the batch's ``context_ids``/``context_mask`` (the
+    self-teacher's privileged prompts, set by `RoutingStage`) instead of their own prompts; the
+    response ids are used as sampled.
     """
 
     def filler(batch: RolloutBatch) -> Tensor:
@@ -321,8 +293,10 @@ def queue_filler(
             return torch.zeros(batch.mask.shape, dtype=dtype, device=batch.mask.device)
         idx = rows.nonzero().squeeze(-1)
         p_ids, p_mask = batch.prompt_ids[idx], batch.prompt_mask[idx]
-        if prompts is not None:
-            p_ids, p_mask = prompts(p_ids, p_mask)
+        if in_context:
+            if batch.context_ids is None or batch.context_mask is None:
+                raise DomainError("context_ids: expected the self-teacher contexts (RoutingStage) before its forward")
+            p_ids, p_mask = batch.context_ids[idx], batch.context_mask[idx]
         sub = RolloutBatch(
             prompt_ids=p_ids, prompt_mask=p_mask, response_ids=batch.response_ids[idx], mask=batch.mask[idx],
             rewards=batch.rewards[idx], group_size=1,
@@ -341,8 +315,8 @@ def _route_unset(batch: RolloutBatch) -> Tensor:
 
 def routing_edge(
     cfg: Any, tokenizer: Any, task: Any, fillers: Mapping[str, Callable[[RolloutBatch], Tensor]]
-) -> tuple[Any, tuple[RoutingStage], dict[str, Callable[[RolloutBatch], Tensor]]]:
-    """The run's pieces of a routed method: ``(recording task, (router stage,), queue-only fillers)``.
+) -> tuple[tuple[RoutingStage], dict[str, Callable[[RolloutBatch], Tensor]]]:
+    """The run's pieces of a routed method: ``((router stage,), queue-only fillers)``.
 
     ``fillers`` are the run's plain ones: ``logp_ref`` (the frozen reference) and, with ``model.teacher``,
     ``logp_teacher``; the self-teacher is the teacher if set, else the reference.
@@ -356,14 +330,14 @@ def routing_edge(
     def solution(problem: Problem) -> str:
         return str(task.solution(problem, rng))
 
-    book = PromptBook(encode, options.context_template, solution, pad_id=int(tokenizer.pad_token_id))
+    contexts = teacher_contexts(encode, options.context_template, solution)
     teacher = fillers.get("logp_teacher", fillers["logp_ref"])
     routed = {
         "route": _route_unset,
         "logp_ref": queue_filler(fillers["logp_ref"], Recipe.REG),
-        "logp_teacher": queue_filler(teacher, Recipe.OPSD, book.teacher_prompts),
+        "logp_teacher": queue_filler(teacher, Recipe.OPSD, in_context=True),
     }
-    return RecordingTask(task, book), (RoutingStage(options),), routed
+    return (RoutingStage(options, contexts, pad_id=int(tokenizer.pad_token_id)),), routed
 
 
 def self_routing_algorithm(

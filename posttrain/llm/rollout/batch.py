@@ -79,6 +79,9 @@ class RolloutBatch:
             1 OPSD, 2 REG, 3 SKIP; `posttrain.llm.methods.routing`), or None.
         route_weight: ``[B]`` float, non-negative weight of each row's token loss that makes the token mean
             over the kept rows equal the router's queue-size-weighted mean of per-queue token means, or None.
+        context_ids, context_mask: ``[B, Q]`` left-padded prompt ids and mask under which a teacher scores
+            each row's response instead of its own prompt (Self-Routing's privileged self-teacher
+            context, one per group: `posttrain.llm.methods.routing`), or None (both set or neither).
         synthetic: ``[B]`` boolean, True for rows not sampled from the policy (e.g. a task's reference
             solution appended to its group: `posttrain.llm.rollout.oracle`), or None (all sampled). They
             are trained on like any row but left out of the logged reward statistics.
@@ -121,6 +124,8 @@ class RolloutBatch:
     route: Int[Tensor, " B"] | None = None
     route_weight: Float[Tensor, " B"] | None = None
     synthetic: Bool[Tensor, " B"] | None = None
+    context_ids: Int[Tensor, "B Q"] | None = None
+    context_mask: Bool[Tensor, "B Q"] | None = None
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -166,6 +171,20 @@ class RolloutBatch:
         self._check_route(b)
         if self.synthetic is not None:
             check_mask("synthetic", self.synthetic, (b,))
+        self._check_context(b)
+
+    def _check_context(self, b: int) -> None:
+        """``context_ids``/``context_mask``: both or neither, ``[B, Q]``, a context token in every row."""
+        if (self.context_ids is None) != (self.context_mask is None):
+            raise DomainError("context_ids, context_mask: set both or neither")
+        if self.context_ids is None or self.context_mask is None:
+            return
+        ids = _check_ids("context_ids", self.context_ids)
+        if ids.shape[0] != b:
+            raise ShapeError(f"context_ids: expected {b} rows, got {list(ids.shape)}")
+        check_mask("context_mask", self.context_mask, tuple(ids.shape))
+        if b and not bool(self.context_mask.any(dim=-1).all()):
+            raise DomainError("context_mask: every row needs at least one context token")
 
     def _check_answer_mask(self, bt: tuple[int, ...]) -> None:
         """``answer_mask``: boolean ``[B, T]``, only on ``mask`` tokens."""

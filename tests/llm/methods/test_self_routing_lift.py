@@ -22,7 +22,7 @@ from posttrain.estimators import (
 from posttrain.estimators.routing import RECIPES, Recipe, routed_loss, sample_routes, self_routing_probabilities
 from posttrain.llm.config import config_from_dict, load_config
 from posttrain.llm.methods.catalog import build_algorithm
-from posttrain.llm.methods.routing import PromptBook, queue_filler, route_batch, route_seed
+from posttrain.llm.methods.routing import RoutingStage, queue_filler, route_batch, route_seed, teacher_contexts
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.tasks import Problem
@@ -124,8 +124,8 @@ def test_teacher_context_logp_equals_a_plain_forward_on_the_concatenated_ids(tin
     def encode(texts: list[str]) -> list[list[int]]:
         return [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
 
-    book = PromptBook(encode, "answer:{answer};{prompt}", lambda p: p.answer, pad_id=tok.pad_token_id)
-    book.record(problems)
+    contexts = teacher_contexts(encode, "answer:{answer};{prompt}", lambda p: p.answer)
+    stage = RoutingStage(contexts=contexts, pad_id=tok.pad_token_id)
     student = encode([p.prompt for p in problems])
     width = max(map(len, student))
     prompt_ids = torch.zeros(4, width, dtype=torch.long)
@@ -140,11 +140,16 @@ def test_teacher_context_logp_equals_a_plain_forward_on_the_concatenated_ids(tin
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=torch.tensor(responses), mask=mask,
         rewards=torch.zeros(4), group_size=2, route=torch.tensor([3, 3, 1, 1]),
     )  # fmt: skip
+    with pytest.raises(DomainError, match="context_ids"):  # no contexts on the batch: refused, not the own prompt
+        queue_filler(lambda b: torch.zeros(b.mask.shape), Recipe.OPSD, in_context=True)(batch)
+    with pytest.raises(DomainError, match="problems"):
+        stage._with_contexts(batch, problems[:1])
+    batch = stage._with_contexts(batch, problems)  # what after_rollout adds from StepContext.problems
 
     def fill(b: RolloutBatch) -> torch.Tensor:
         return token_logprobs(model, b.prompt_ids, b.prompt_mask, b.response_ids, b.mask)[0]
 
-    got = queue_filler(fill, Recipe.OPSD, book.teacher_prompts)(batch)
+    got = queue_filler(fill, Recipe.OPSD, in_context=True)(batch)
     assert bool((got[:2] == 0).all())  # rows routed elsewhere: no forward
     for row in (2, 3):
         teacher = encode([f"answer:{problems[1].answer};{problems[1].prompt}"])[0]
@@ -154,8 +159,6 @@ def test_teacher_context_logp_equals_a_plain_forward_on_the_concatenated_ids(tin
             logits = model(input_ids=ids).logits[0].double()
         want = torch.log_softmax(logits, -1)[len(teacher) - 1 : -1].gather(-1, torch.tensor(resp)[:, None])[:, 0]
         torch.testing.assert_close(got[row, : len(resp)], want, rtol=1e-10, atol=1e-12)
-    with pytest.raises(DomainError, match="logp_teacher"):
-        book.teacher_prompts(torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_trainer_step_routes_and_gradients_equal_the_estimators_by_hand(tmp_path: Path) -> None:

@@ -74,6 +74,16 @@ def test_rollout_batch_validation() -> None:
         b.rows(1, 3)
     with pytest.raises(DomainError, match="prompt_mask"):
         _batch(prompt_mask=torch.zeros(4, 3, dtype=torch.bool))
+    ctx_ids, ctx_mask = torch.ones(4, 5, dtype=torch.long), torch.ones(4, 5, dtype=torch.bool)
+    assert _batch(context_ids=ctx_ids, context_mask=ctx_mask).rows(0, 2).context_ids.shape == (2, 5)
+    with pytest.raises(DomainError, match="context_ids, context_mask"):
+        _batch(context_ids=ctx_ids)
+    with pytest.raises(ShapeError, match="context_ids"):
+        _batch(context_ids=ctx_ids[:3], context_mask=ctx_mask[:3])
+    with pytest.raises(ShapeError, match="context_mask"):
+        _batch(context_ids=ctx_ids, context_mask=ctx_mask[:, :4])
+    with pytest.raises(DomainError, match="context_mask"):
+        _batch(context_ids=ctx_ids, context_mask=torch.zeros(4, 5, dtype=torch.bool))
 
 
 def test_response_mask_stops_after_first_eos() -> None:
