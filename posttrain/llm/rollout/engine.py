@@ -300,23 +300,15 @@ class HFEngine:
                 if not (self.synced_gpus or static):
                     batch, attn, future = self._compact(cache, running, batch, attn, future)
             rows_in = y if batch is None else y[batch]
-            if static:  # fixed shapes: the whole mask (the causal mask hides the unwritten slots)
-                out = self._decode_forward()(
-                    input_ids=rows_in.unsqueeze(-1),
-                    attention_mask=attn,
-                    position_ids=future[:, step : step + 1],
-                    cache_position=torch.full((1,), width + step, device=ids.device),
-                    **{keyword: cache},
-                    use_cache=True,
-                )
-            else:
-                out = self.model(
-                    input_ids=rows_in.unsqueeze(-1),
-                    attention_mask=attn[:, : width + step + 1],
-                    position_ids=future[:, step : step + 1],
-                    **{keyword: cache},
-                    use_cache=True,
-                )
+            # static: fixed shapes, so the whole mask (the causal mask hides the unwritten cache slots)
+            out = (self._decode_forward() if static else self.model)(
+                input_ids=rows_in.unsqueeze(-1),
+                attention_mask=attn if static else attn[:, : width + step + 1],
+                position_ids=future[:, step : step + 1],
+                **{keyword: cache},
+                use_cache=True,
+                **({"cache_position": torch.full((1,), width + step, device=ids.device)} if static else {}),
+            )
             if batch is None:
                 logits = out.logits[:, -1]
             else:
