@@ -72,7 +72,6 @@ from posttrain.estimators.routing import (
 from posttrain.llm.methods.algorithm import Algorithm
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import left_pad
-from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.stages import StepContext
 from posttrain.llm.rollout.tasks import Problem
 from posttrain.llm.rollout.text import encode_prompts
@@ -219,13 +218,7 @@ class RoutingStage:
         return group_size
 
     def after_rollout(self, batch: RolloutBatch, ctx: StepContext) -> tuple[RolloutBatch, dict[str, float]]:
-        with torch.no_grad():
-            _, entropy = token_logprobs(
-                ctx.policy, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
-                temperature=ctx.temperature, with_entropy=True,
-            )  # fmt: skip
-        assert entropy is not None
-        mean_entropy = masked_mean(entropy.double(), batch.mask, dim=-1)
+        mean_entropy = masked_mean(ctx.token_entropy(batch).double(), batch.mask, dim=-1)
         gen = torch.Generator().manual_seed(route_seed(ctx.seed))
         uniforms = torch.rand(batch.num_groups, generator=gen, dtype=torch.float64)
         if self.contexts is not None:

@@ -41,7 +41,6 @@ from posttrain.estimators.rail import (
     recoverability_gain,
 )
 from posttrain.llm.rollout.batch import RolloutBatch
-from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.stages import StepContext
 from posttrain.llm.rollout.text import right_pad
 
@@ -95,12 +94,7 @@ class BranchingStage:
 
     def _features(self, base: RolloutBatch, ctx: StepContext) -> tuple[Tensor, Tensor]:
         """``[G, C, 7]`` candidate features (C = k0 * T prefixes) and ``[G, C]`` validity (1 <= depth < length)."""
-        with torch.no_grad():
-            _, ent = token_logprobs(
-                ctx.policy, base.prompt_ids, base.prompt_mask, base.response_ids, base.mask,
-                temperature=ctx.temperature, with_entropy=True,
-            )  # fmt: skip
-        assert ent is not None
+        ent = ctx.token_entropy(base)
         g, k0, t = base.num_groups, base.group_size, base.response_ids.shape[-1]
         ent, rewards = ent.cpu(), base.grouped_rewards().cpu()  # the controller lives on the CPU
         depth = torch.arange(t).expand(g * k0, t)

@@ -24,10 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import RolloutEngine
+from posttrain.llm.rollout.logprobs import token_logprobs
 
 __all__ = ["RolloutStage", "StepContext"]
 
@@ -59,6 +61,17 @@ class StepContext:
     pad_id: int
     temperature: float
     problems: Sequence[Any] = ()
+
+    def token_entropy(self, batch: RolloutBatch) -> Tensor:
+        """``[B, T]`` full-vocabulary entropy of every response token of ``batch`` under the policy at the
+        sampling temperature (the behaviour policy at rollout time; no gradient; 0 off the mask)."""
+        with torch.no_grad():
+            _, entropy = token_logprobs(
+                self.policy, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+                temperature=self.temperature, with_entropy=True,
+            )  # fmt: skip
+        assert entropy is not None
+        return entropy
 
 
 @runtime_checkable
