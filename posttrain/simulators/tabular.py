@@ -26,6 +26,7 @@ sequences; `TargetVerifier` holds several correct sequences per prompt,
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
@@ -50,6 +51,8 @@ __all__ = [
     "sample_sequences",
     "sequence_logp",
     "token_logp",
+    "visited_logit_rows",
+    "visited_rows",
 ]
 
 MAX_ENUMERATION = 100_000
@@ -120,6 +123,22 @@ def _check_table(spec: TabularSpec, table: Tensor) -> Tensor:
     return table
 
 
+def visited_rows(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Int[Tensor, " R"]:
+    """``[R]`` (R = ``tokens.numel()``) index of each prefix's logit row in ``table.reshape(-1, V)``, row-major
+    over ``tokens [*seeds, G, K, T]`` (``table [*seeds, G, N, V]``)."""
+    if table.ndim != tokens.ndim:
+        raise ShapeError(f"tokens: expected rank {table.ndim} ([*seeds, G, K, T]), got {list(tokens.shape)}")
+    lead_g = table.shape[:-2]
+    base = torch.arange(math.prod(lead_g), device=tokens.device).reshape(*lead_g, 1) * spec.num_nodes
+    return (base + spec.prefix_nodes(tokens).reshape(*lead_g, -1)).reshape(-1)
+
+
+def visited_logit_rows(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Float[Tensor, "R V"]:
+    """``[R, V]`` copies of the logit rows at every prefix of ``tokens`` (`visited_rows`; one ``index_select``
+    of whole rows, differentiable; faster than an expanded ``gather``, same values and gradient)."""
+    return table.reshape(-1, spec.vocab).index_select(0, visited_rows(spec, table, tokens))
+
+
 def token_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"], tokens: Int[Tensor, "*seeds G K T"]) -> Tensor:
     r"""Per-token $\log\pi(y_t \mid g, y_{<t})$ ``[*seeds, G, K, T]``, differentiable; 0 off the mask.
 
@@ -130,10 +149,8 @@ def token_logp(spec: TabularSpec, table: Float[Tensor, "*seeds G N V"], tokens: 
     """
     _check_table(spec, table)
     check_tensor("tokens", tokens, ndim=table.ndim)
-    lead, (g, k, t), v = table.shape[:-3], tokens.shape[-3:], spec.vocab
-    nodes = spec.prefix_nodes(tokens).reshape(*lead, g, k * t, 1).expand(*lead, g, k * t, v)
-    rows = log_softmax_small(table.gather(-2, nodes))  # only the visited rows: [*s, G, K*T, V]
-    out = rows.gather(-1, tokens.reshape(*lead, g, k * t, 1)).reshape(*lead, g, k, t)
+    rows = log_softmax_small(visited_logit_rows(spec, table, tokens))  # only the visited rows: [R, V]
+    out = rows.gather(-1, tokens.reshape(-1, 1)).reshape(tokens.shape)
     return zero_off_mask(out, spec.response_mask(tokens))
 
 

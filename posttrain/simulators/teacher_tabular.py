@@ -17,7 +17,6 @@ elementwise optimiser (Adam) the seeds are independent.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from torch import Tensor
 from posttrain.errors import ShapeError
 from posttrain.estimators import masked_mean, zero_off_mask
 from posttrain.simulators._base import SeedRNG
-from posttrain.simulators.tabular import TabularSpec, sample_sequences
+from posttrain.simulators.tabular import TabularSpec, sample_sequences, visited_logit_rows, visited_rows
 
 __all__ = [
     "TeacherStep",
@@ -74,20 +73,6 @@ class TrainResult:
     """``[steps + 1, S]`` tracked score after each step (row 0: before training)."""
 
 
-def _visited_rows(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
-    """``[*seeds * G * K * T]`` index of each prefix's logit row in ``table.reshape(-1, V)`` (row-major)."""
-    if table.ndim != tokens.ndim:
-        raise ShapeError(f"tokens: expected rank {table.ndim} ([*seeds, G, K, T]), got {list(tokens.shape)}")
-    lead_g = table.shape[:-2]
-    base = torch.arange(math.prod(lead_g), device=tokens.device).reshape(*lead_g, 1) * spec.num_nodes
-    return (base + spec.prefix_nodes(tokens).reshape(*lead_g, -1)).reshape(-1)
-
-
-def _row_copies(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
-    """``[*seeds * G * K * T, V]`` copies of the visited logit rows (one ``index_select`` of whole rows)."""
-    return table.reshape(-1, spec.vocab).index_select(0, _visited_rows(spec, table, tokens))
-
-
 def _rows_token_logp(spec: TabularSpec, rows: Tensor, tokens: Tensor) -> Tensor:
     """``[*seeds, G, K, T]`` log-prob of each token from its prefix's logit row ``rows [*seeds * G * K * T, V]``."""
     logp = torch.log_softmax(rows, dim=-1).gather(-1, tokens.reshape(-1, 1)).reshape(tokens.shape)
@@ -100,7 +85,7 @@ def node_log_probs(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
     Copies the visited rows first and normalises only those (differentiable; far cheaper than
     normalising the whole table when few nodes are visited).
     """
-    return torch.log_softmax(_row_copies(spec, table, tokens), dim=-1).reshape(*tokens.shape, spec.vocab)
+    return torch.log_softmax(visited_logit_rows(spec, table, tokens), dim=-1).reshape(*tokens.shape, spec.vocab)
 
 
 def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tensor:
@@ -108,7 +93,7 @@ def visited_token_logp(spec: TabularSpec, table: Tensor, tokens: Tensor) -> Tens
 
     Same values as `posttrain.simulators.tabular.token_logp`, from the visited rows only (as `node_log_probs`).
     """
-    return _rows_token_logp(spec, _row_copies(spec, table, tokens), tokens)
+    return _rows_token_logp(spec, visited_logit_rows(spec, table, tokens), tokens)
 
 
 def fixed_token_logp(spec: TabularSpec, table: Tensor) -> Callable[[Tensor], Tensor]:
@@ -211,7 +196,7 @@ def train_with_teacher(
         with torch.no_grad():
             tokens, mask, _ = sample_sequences(spec, theta.detach(), k, rng)
             rewards = reward_fn(tokens, mask)
-        rows_idx = _visited_rows(spec, theta, tokens)
+        rows_idx = visited_rows(spec, theta, tokens)
         rows = theta.detach().view(-1, spec.vocab).index_select(0, rows_idx).requires_grad_(True)  # a leaf
         logp = _rows_token_logp(spec, rows, tokens).reshape(-1, spec.horizon)  # visited_token_logp's values
         flat_mask = mask.reshape(-1, spec.horizon)

@@ -13,11 +13,12 @@ from torch import Tensor
 
 from posttrain.estimators import masked_mean, zero_off_mask
 from posttrain.simulators import SeedRNG, TabularSpec, sample_sequences
+from posttrain.simulators._base import log_softmax_small
+from posttrain.simulators.tabular import token_logp, visited_rows
 from posttrain.simulators.teacher_tabular import (
     TeacherStep,
     _RowGrad,
     _rows_token_logp,
-    _visited_rows,
     fixed_token_logp,
     match_reward,
     node_log_probs,
@@ -51,12 +52,22 @@ def _gathered_token_logp(table: Tensor, tokens: Tensor) -> Tensor:
     return zero_off_mask(logp, SPEC.response_mask(tokens))
 
 
+def _gathered_tabular_token_logp(table: Tensor, tokens: Tensor) -> Tensor:
+    """The reference `posttrain.simulators.tabular.token_logp`: the expanded gather and the short log-softmax."""
+    lead_g, (k, t) = table.shape[:-2], tokens.shape[-2:]
+    idx = SPEC.prefix_nodes(tokens).reshape(*lead_g, k * t, 1).expand(*lead_g, k * t, SPEC.vocab)
+    rows = log_softmax_small(table.gather(-2, idx))
+    out = rows.gather(-1, tokens.reshape(*lead_g, k * t, 1)).reshape(*lead_g, k, t)
+    return zero_off_mask(out, SPEC.response_mask(tokens))
+
+
 def test_row_copies_equal_the_expanded_gather_in_value_and_gradient() -> None:
     table, tokens = _table(0, 2, 3), _tokens(1, 2, 3, 5)
     up = torch.randn(2, 3, 5, SPEC.horizon, SPEC.vocab, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     for fast, slow, upstream in (
         (node_log_probs, _gathered_log_probs, up),
         (visited_token_logp, _gathered_token_logp, up[..., 0]),
+        (token_logp, _gathered_tabular_token_logp, up[..., 0]),
     ):
         a, b = table.clone().requires_grad_(True), table.clone().requires_grad_(True)
         va, vb = fast(SPEC, a, tokens), slow(b, tokens)
@@ -82,7 +93,7 @@ def test_row_grad_equals_autograd_step_after_step() -> None:
         ref = table.clone().requires_grad_(True)
         loss = (_gathered_token_logp(ref, tokens) * up).sum()
         (loss + (ref**2).sum() if direct else loss).backward()
-        rows_idx = _visited_rows(SPEC, table, tokens)
+        rows_idx = visited_rows(SPEC, table, tokens)
         rows = table.reshape(-1, SPEC.vocab).index_select(0, rows_idx).requires_grad_(True)
         (_rows_token_logp(SPEC, rows, tokens) * up).sum().backward()
         out = grad.assemble(rows_idx, rows.grad, 2 * table if direct else None)
