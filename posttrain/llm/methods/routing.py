@@ -72,7 +72,7 @@ from posttrain.estimators.routing import (
 from posttrain.llm.methods.algorithm import Algorithm
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import left_pad
-from posttrain.llm.rollout.stages import StepContext
+from posttrain.llm.rollout.stages import StatelessStage, StepContext
 from posttrain.llm.rollout.tasks import Problem
 from posttrain.llm.rollout.text import encode_prompts
 
@@ -197,7 +197,7 @@ def route_batch(
     return batch.replace(route=row_routes, kept=kept, route_weight=weights), metrics
 
 
-class RoutingStage:
+class RoutingStage(StatelessStage):
     """The rollout stage that routes each prompt (`route_batch`) from the policy's entropies at rollout time.
 
     With ``contexts`` (the encoded self-teacher prompt of each problem, `teacher_contexts`) it also sets
@@ -239,15 +239,6 @@ class RoutingStage:
             context_ids=ids.repeat_interleave(k, dim=0).to(device),
             context_mask=mask.repeat_interleave(k, dim=0).to(device),
         )
-
-    def after_update(self, batch: RolloutBatch, ctx: StepContext) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        return None
 
 
 def teacher_contexts(

@@ -28,7 +28,7 @@ the cut get no gradient. Logged: ``answer/trace_len`` (mean tokens kept per trac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from torch import Tensor
 from posttrain.errors import DomainError, ShapeError
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import token_logprobs
-from posttrain.llm.rollout.stages import StepContext
+from posttrain.llm.rollout.stages import StatelessStage, StepContext
 from posttrain.llm.rollout.text import right_pad
 
 __all__ = ["AnswerSuffixConfig", "AnswerSuffixStage", "append_suffixes", "trace_lengths"]
@@ -110,7 +110,7 @@ def append_suffixes(
     return ids.to(response_ids.device), mask.to(response_ids.device), answer.to(response_ids.device)
 
 
-class AnswerSuffixStage:
+class AnswerSuffixStage(StatelessStage):
     """The rollout stage of ``rollout.answer_suffix`` (see the module docstring); stateless.
 
     Args:
@@ -160,12 +160,3 @@ class AnswerSuffixStage:
             "answer/logp": float(torch.where(answer, scored, 0.0).sum(-1).mean()),
         }
         return out, logs
-
-    def after_update(self, batch: RolloutBatch, ctx: StepContext) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        return None

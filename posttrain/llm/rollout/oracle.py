@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +38,7 @@ from torch import Tensor
 from posttrain.errors import DomainError
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import token_logprobs
-from posttrain.llm.rollout.stages import StepContext
+from posttrain.llm.rollout.stages import StatelessStage, StepContext
 from posttrain.llm.rollout.text import right_pad
 
 __all__ = ["OracleConfig", "OracleStage", "OracleWarning", "solution_ids"]
@@ -86,7 +85,7 @@ def _widen(x: Tensor, width: int, value: float | int | bool) -> Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=value)
 
 
-class OracleStage:
+class OracleStage(StatelessStage):
     """Appends one reference-solution row (``synthetic``) to every group; recomputes ``logp_old`` of all rows.
 
     Args:
@@ -153,12 +152,3 @@ class OracleStage:
                 )
                 parts.append(logp)
         return torch.cat(parts)
-
-    def after_update(self, batch: RolloutBatch, ctx: StepContext) -> None:
-        return None
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        return None

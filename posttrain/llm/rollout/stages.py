@@ -31,7 +31,7 @@ from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import RolloutEngine
 from posttrain.llm.rollout.logprobs import token_logprobs
 
-__all__ = ["RolloutStage", "StepContext"]
+__all__ = ["RolloutStage", "StatelessStage", "StepContext"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,17 @@ class RolloutStage(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict`'s output."""
         ...
+
+
+class StatelessStage:
+    """Base of a stage with no state and nothing to do after the update (subclasses write
+    ``fresh_samples`` and ``after_rollout``)."""
+
+    def after_update(self, batch: RolloutBatch, ctx: StepContext) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        return None
