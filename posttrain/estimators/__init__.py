@@ -1,10 +1,29 @@
-"""Pure torch estimators: advantages, ratios, policy losses, aggregation, KL, entropy, pass@k.
+"""Pure torch estimators, sorted by the kind of quantity they return.
+
+| package / module | what it returns or does |
+| --- | --- |
+| `advantages` | advantages: group baselines (GRPO, Dr.GRPO, RLOO), REINFORCE++ returns, the oracle-row advantages, teacher (OPD) token advantages, delta-distillation advantages, the distillation combination rules, trace weights of the Tsallis continuum |
+| `losses` | per-token policy losses: PPO clip, GSPO, CISPO, off-policy corrected (SIS, truncated IS), teacher-in-the-loss, routed queues, flow balance (GFlowRL, FlowRL), DPO, weighted log-likelihood |
+| `importance` | importance corrections: log-ratios, the SIS acceptance test and its effective behaviour log-probs |
+| `divergences` | KL estimators (k1, k2, k3) and full / top-K reverse KL between distributions |
+| `aggregation` | reduction of a per-token matrix to a scalar; masked statistics |
+| `selection` | what to train on and when: replay rules, rollout interventions and their controller, per-prompt routes, phase schedules |
+| `weights` | per-domain and per-row weights of multi-teacher distillation |
+| `optim`, `es` | optimiser updates (Muon, AdamW) and evolution strategies, as (init, update) pairs |
+| `diffusion` | path-space estimators of diffusion / flow policies |
+| `merging` | weight-space edits: spectral projection, TIES, DARE, task arithmetic |
+| `metrics` | pass@k, entropies, answer coverage, diagnostics of the methods |
 
 Token tensors are ``[B, T]`` with a boolean response ``mask [B, T]``; sequence rewards ``[B]``;
-grouped rewards ``[G, K]`` (see `posttrain.shapes`). Every function here is pure: no hidden
-state, no global RNG, no config objects.
+grouped rewards ``[G, K]`` (the letters are `posttrain.shapes`). Every function here is pure: no
+hidden state, no global RNG, no config objects. The names below are the ones with a contract test
+(``tests/estimators/test_every_estimator.py``); every other public function is imported from its
+package (``from posttrain.estimators.selection import router_scores``). Which paper each function
+implements is the table `posttrain.papers.PAPERS`.
 """
 
+# imported for their registries (optimisers, projections, advantage weights, schedules)
+from posttrain.estimators import merging, optim, weights  # noqa: F401
 from posttrain.estimators._numerics import zero_off_mask
 from posttrain.estimators._registry import (
     ADVANTAGES,
@@ -17,190 +36,50 @@ from posttrain.estimators._registry import (
     register_kl,
     register_policy_loss,
 )
-from posttrain.estimators.advantages import (
+from posttrain.estimators.advantages.delta import exopd_advantages, opd2_advantages
+from posttrain.estimators.advantages.group import (
     broadcast_sequence_advantages,
     drgrpo_advantages,
     group_normalized_advantages,
     group_rewards,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from posttrain.estimators.aggregate import (
-    AggregationMode,
-    aggregate,
-    masked_mean,
-    masked_sum,
-    masked_whiten,
-)
-from posttrain.estimators.entropy import token_entropy
-from posttrain.estimators.kl import k1_kl, k2_kl, k3_kl, straight_through
-from posttrain.estimators.losses import ClipDiagnostics, clipped_ratio_loss, gspo_loss, ppo_clip_objective
-from posttrain.estimators.passk import mean_at_k, pass_at_k
-from posttrain.estimators.ratios import log_ratio, sequence_log_ratio
-
-__all__ = [
-    "ADVANTAGES",
-    "KL_ESTIMATORS",
-    "POLICY_LOSSES",
-    "AggregationMode",
-    "ClipDiagnostics",
-    "aggregate",
-    "broadcast_sequence_advantages",
-    "clipped_ratio_loss",
-    "drgrpo_advantages",
-    "get_advantage",
-    "get_kl",
-    "get_policy_loss",
-    "group_normalized_advantages",
-    "group_rewards",
-    "gspo_loss",
-    "k1_kl",
-    "k2_kl",
-    "k3_kl",
-    "log_ratio",
-    "masked_mean",
-    "masked_sum",
-    "masked_whiten",
-    "mean_at_k",
-    "pass_at_k",
-    "ppo_clip_objective",
-    "register_advantage",
-    "register_kl",
-    "register_policy_loss",
-    "reinforce_pp_advantages",
-    "reinforce_pp_baseline_advantages",
-    "rloo_advantages",
-    "sequence_log_ratio",
-    "straight_through",
-    "token_entropy",
-    "zero_off_mask",
-]
-
-# --- distillation and mixed-signal methods (issue 5: docs: methods/opd_then_rl.md, methods/self_routing.md, methods/orarl.md, methods/open_mopd.md, methods/opd2.md) ---
-from posttrain.estimators import delta_distill, distill, distill_losses, distill_rules, mopd, orarl, routing
-from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages
-from posttrain.estimators.distill import (
-    eos_teacher_mask,
-    full_reverse_kl,
-    opd_token_advantages,
-    topk_reverse_kl,
-    topk_reverse_kl_reward,
-)
-from posttrain.estimators.distill_losses import opd_policy_loss, trrd_loss
-from posttrain.estimators.distill_rules import (
-    kdrl_advantages,
-    opd_then_rl_advantages,
-    rlsd_advantages,
-)
-from posttrain.estimators.orarl import naive_injection_advantages, orarl_advantages
-from posttrain.estimators.routing import self_routing_probabilities
-
-__all__ += [
-    "delta_distill",
-    "distill",
-    "distill_losses",
-    "distill_rules",
-    "eos_teacher_mask",
-    "exopd_advantages",
-    "full_reverse_kl",
-    "kdrl_advantages",
-    "mopd",
-    "naive_injection_advantages",
-    "opd2_advantages",
-    "opd_policy_loss",
-    "opd_then_rl_advantages",
-    "opd_token_advantages",
-    "orarl",
-    "orarl_advantages",
-    "rlsd_advantages",
-    "routing",
-    "self_routing_probabilities",
-    "topk_reverse_kl",
-    "topk_reverse_kl_reward",
-    "trrd_loss",
-]
-
-# --- off-policy, replay, distribution matching, rollout allocation (issue 6: docs: methods/hdr.md, methods/rail.md, methods/gflowrl.md, methods/sis.md) ---
-from posttrain.estimators import gflowrl, rail, replay, sis  # noqa: E402
-from posttrain.estimators.gflowrl import (  # noqa: E402
-    flow_gap,
-    flowrl_loss,
-    flowrl_optimal_log_z,
-    gflowrl_loss,
-    mc_log_partition,
-)
-from posttrain.estimators.rail import (  # noqa: E402
-    controller_init,
-    controller_predict,
-    controller_update,
-    plan_interventions,
-    recoverability_gain,
-)
-from posttrain.estimators.replay import headroom, policy_drift, replay_add, replay_init, replay_select  # noqa: E402
-from posttrain.estimators.sis import (  # noqa: E402
-    no_correction_loss,
-    sis_accept,
-    sis_acceptance_prob,
-    sis_logp_old,
-    sis_loss,
-    truncated_is_loss,
-)
-
-__all__ += [
-    "controller_init",
-    "controller_predict",
-    "controller_update",
-    "flow_gap",
-    "flowrl_loss",
-    "flowrl_optimal_log_z",
-    "gflowrl",
-    "gflowrl_loss",
-    "headroom",
-    "mc_log_partition",
-    "no_correction_loss",
-    "plan_interventions",
-    "policy_drift",
-    "rail",
-    "recoverability_gain",
-    "replay",
-    "replay_add",
-    "replay_init",
-    "replay_select",
-    "sis",
-    "sis_accept",
-    "sis_acceptance_prob",
-    "sis_logp_old",
-    "sis_loss",
-    "truncated_is_loss",
-]
-
-# --- Tsallis loss continuum: GARL / PAFT (paper 20) ---
-from posttrain.estimators.tsallis import (  # noqa: E402
+from posttrain.estimators.advantages.oracle import naive_injection_advantages, orarl_advantages
+from posttrain.estimators.advantages.returns import reinforce_pp_advantages, reinforce_pp_baseline_advantages
+from posttrain.estimators.advantages.rules import kdrl_advantages, opd_then_rl_advantages, rlsd_advantages
+from posttrain.estimators.advantages.teacher import eos_teacher_mask, opd_token_advantages
+from posttrain.estimators.advantages.trace_weights import (
     TsallisWeights,
     garl_advantages,
-    garl_loss,
     garl_weights,
     log_mean_weight,
     paft_advantages,
-    paft_loss,
     paft_weights,
 )
-
-__all__ += [
-    "TsallisWeights",
-    "garl_advantages",
-    "garl_loss",
-    "garl_weights",
-    "log_mean_weight",
-    "paft_advantages",
-    "paft_loss",
-    "paft_weights",
-]
-
-# evolution strategies and sample-based coverage metrics (papers 05, 10)
-from posttrain.estimators.coverage import accuracy_bins, answer_entropy, majority_vote_correct  # noqa: E402
-from posttrain.estimators.es import (  # noqa: E402
+from posttrain.estimators.aggregation import AggregationMode, aggregate, masked_mean, masked_sum, masked_whiten
+from posttrain.estimators.diffusion.forward_matching import (
+    Curvature,
+    awm_loss,
+    bounded_weight,
+    elbo_weight,
+    girsanov_template_weights,
+    is_scale_bounded,
+    nft_loss,
+    scale_bounded_loss,
+    template_loss,
+)
+from posttrain.estimators.diffusion.girsanov import girsanov_log_weights, ito_policy_gradient, path_score
+from posttrain.estimators.diffusion.value_gradients import (
+    VALUE_GRADIENTS,
+    KDEValueGradient,
+    deterministic_value_gradient,
+    kde_value_gradient,
+    stochastic_value_gradient,
+    value_gradient_policy_gradient,
+)
+from posttrain.estimators.divergences.kl import k1_kl, k2_kl, k3_kl, straight_through
+from posttrain.estimators.divergences.reverse_kl import full_reverse_kl, topk_reverse_kl, topk_reverse_kl_reward
+from posttrain.estimators.es import (
     REWARD_SHAPINGS,
     EsPopulation,
     EsState,
@@ -212,98 +91,163 @@ from posttrain.estimators.es import (  # noqa: E402
     es_gradient,
     es_step,
     evolution_strategy,
-    noise_chunks,
     perturbed_params,
     population_noise,
     relative_drift,
-    seeded_noise,
     shape_rewards,
-    tensor_seed,
     threshold_update,
     update_sparsity,
     zscore_rewards,
 )
+from posttrain.estimators.es_noise import noise_chunks, seeded_noise, tensor_seed
+from posttrain.estimators.importance.acceptance import sis_accept, sis_acceptance_prob, sis_logp_old
+from posttrain.estimators.importance.ratios import log_ratio, sequence_log_ratio
+from posttrain.estimators.losses._common import ClipDiagnostics
+from posttrain.estimators.losses.cispo import CISPO_CLIP_MODES, cispo_loss
+from posttrain.estimators.losses.flow import flow_gap, flowrl_loss, flowrl_optimal_log_z, gflowrl_loss, mc_log_partition
+from posttrain.estimators.losses.offpolicy import no_correction_loss, sis_loss, truncated_is_loss
+from posttrain.estimators.losses.ppo import clipped_ratio_loss, gspo_loss, ppo_clip_objective
+from posttrain.estimators.losses.preference import PREFERENCE_LOSSES, DPODiagnostics, dpo_loss, register_preference_loss
+from posttrain.estimators.losses.teacher import opd_policy_loss, trrd_loss
+from posttrain.estimators.losses.weighted import garl_loss, paft_loss
+from posttrain.estimators.metrics.coverage import accuracy_bins, answer_entropy, majority_vote_correct
+from posttrain.estimators.metrics.entropy import EntropyLens, domain_means, entropy_lens, token_entropy
+from posttrain.estimators.metrics.passk import mean_at_k, pass_at_k
+from posttrain.estimators.selection import schedules  # noqa: F401
+from posttrain.estimators.selection.controller import controller_init, controller_predict, controller_update
+from posttrain.estimators.selection.interventions import plan_interventions, recoverability_gain
+from posttrain.estimators.selection.replay import headroom, policy_drift, replay_add, replay_init, replay_select
+from posttrain.estimators.selection.routing import self_routing_probabilities
 
-__all__ += [
+__all__ = [
+    "ADVANTAGES",
+    "CISPO_CLIP_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "REWARD_SHAPINGS",
+    "VALUE_GRADIENTS",
+    "AggregationMode",
+    "ClipDiagnostics",
+    "Curvature",
+    "DPODiagnostics",
+    "EntropyLens",
     "EsPopulation",
     "EsState",
     "EvolutionStrategy",
+    "KDEValueGradient",
+    "TsallisWeights",
     "accuracy_bins",
+    "aggregate",
     "answer_entropy",
     "antithetic_gradient",
     "antithetic_population",
+    "awm_loss",
+    "bounded_weight",
+    "broadcast_sequence_advantages",
     "centered_rank_rewards",
+    "cispo_loss",
+    "clipped_ratio_loss",
+    "controller_init",
+    "controller_predict",
+    "controller_update",
+    "deterministic_value_gradient",
+    "domain_means",
+    "dpo_loss",
+    "drgrpo_advantages",
+    "elbo_weight",
+    "entropy_lens",
+    "eos_teacher_mask",
     "es_direction",
     "es_gradient",
     "es_step",
     "evolution_strategy",
-    "majority_vote_correct",
-    "noise_chunks",
-    "perturbed_params",
-    "population_noise",
-    "relative_drift",
-    "seeded_noise",
-    "shape_rewards",
-    "tensor_seed",
-    "threshold_update",
-    "update_sparsity",
-    "zscore_rewards",
-]
-
-# Paper 09: path-space estimators for diffusion / flow models; paper 06: the entropy lens.
-from posttrain.estimators.entropy_lens import EntropyLens, domain_means, entropy_lens  # noqa: E402
-from posttrain.estimators.path_space import (  # noqa: E402
-    VALUE_GRADIENTS,
-    Curvature,
-    KDEValueGradient,
-    awm_loss,
-    bounded_weight,
-    deterministic_value_gradient,
-    elbo_weight,
-    girsanov_log_weights,
-    girsanov_template_weights,
-    is_scale_bounded,
-    ito_policy_gradient,
-    kde_value_gradient,
-    nft_loss,
-    path_score,
-    scale_bounded_loss,
-    stochastic_value_gradient,
-    template_loss,
-    value_gradient_policy_gradient,
-)
-
-__all__ += [
-    "VALUE_GRADIENTS",
-    "Curvature",
-    "EntropyLens",
-    "KDEValueGradient",
-    "awm_loss",
-    "bounded_weight",
-    "deterministic_value_gradient",
-    "domain_means",
-    "elbo_weight",
-    "entropy_lens",
+    "exopd_advantages",
+    "flow_gap",
+    "flowrl_loss",
+    "flowrl_optimal_log_z",
+    "full_reverse_kl",
+    "garl_advantages",
+    "garl_loss",
+    "garl_weights",
+    "get_advantage",
+    "get_kl",
+    "get_policy_loss",
+    "gflowrl_loss",
     "girsanov_log_weights",
     "girsanov_template_weights",
+    "group_normalized_advantages",
+    "group_rewards",
+    "gspo_loss",
+    "headroom",
     "is_scale_bounded",
     "ito_policy_gradient",
+    "k1_kl",
+    "k2_kl",
+    "k3_kl",
     "kde_value_gradient",
+    "kdrl_advantages",
+    "log_mean_weight",
+    "log_ratio",
+    "majority_vote_correct",
+    "masked_mean",
+    "masked_sum",
+    "masked_whiten",
+    "mc_log_partition",
+    "mean_at_k",
+    "naive_injection_advantages",
     "nft_loss",
+    "no_correction_loss",
+    "noise_chunks",
+    "opd2_advantages",
+    "opd_policy_loss",
+    "opd_then_rl_advantages",
+    "opd_token_advantages",
+    "orarl_advantages",
+    "paft_advantages",
+    "paft_loss",
+    "paft_weights",
+    "pass_at_k",
     "path_score",
+    "perturbed_params",
+    "plan_interventions",
+    "policy_drift",
+    "population_noise",
+    "ppo_clip_objective",
+    "recoverability_gain",
+    "register_advantage",
+    "register_kl",
+    "register_policy_loss",
+    "register_preference_loss",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "relative_drift",
+    "replay_add",
+    "replay_init",
+    "replay_select",
+    "rloo_advantages",
+    "rlsd_advantages",
     "scale_bounded_loss",
+    "seeded_noise",
+    "self_routing_probabilities",
+    "sequence_log_ratio",
+    "shape_rewards",
+    "sis_accept",
+    "sis_acceptance_prob",
+    "sis_logp_old",
+    "sis_loss",
     "stochastic_value_gradient",
+    "straight_through",
     "template_loss",
+    "tensor_seed",
+    "threshold_update",
+    "token_entropy",
+    "topk_reverse_kl",
+    "topk_reverse_kl_reward",
+    "trrd_loss",
+    "truncated_is_loss",
+    "update_sparsity",
     "value_gradient_policy_gradient",
+    "zero_off_mask",
+    "zscore_rewards",
 ]
-
-# --- paper 18: DPO per-pair loss (preference_loss registry) ---
-from posttrain.estimators.dpo import PREFERENCE_LOSSES, DPODiagnostics, dpo_loss, register_preference_loss  # noqa: E402
-
-__all__ += ["PREFERENCE_LOSSES", "DPODiagnostics", "dpo_loss", "register_preference_loss"]
-
-# --- CISPO (MiniMax-M1, arXiv:2506.13585), a base loss for SIS (docs: methods/sis.md) ---
-from posttrain.estimators.losses import CISPO_CLIP_MODES, cispo_loss  # noqa: E402
-
-__all__ += ["CISPO_CLIP_MODES", "cispo_loss"]

@@ -17,7 +17,15 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["HALF_DTYPES", "ROW_BLOCK_BYTES", "computes_in_float32", "row_blocks", "zero_off_mask"]
+__all__ = [
+    "HALF_DTYPES",
+    "ROW_BLOCK_BYTES",
+    "computes_in_float32",
+    "is_marked_zero_off_mask",
+    "mark_zero_off_mask",
+    "row_blocks",
+    "zero_off_mask",
+]
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 """The dtypes that `computes_in_float32` computes in float32."""
@@ -73,6 +81,29 @@ def zero_off_mask(values: Tensor, mask: Tensor, *, inplace: bool = False) -> Ten
         if bool(torch.isfinite(product.detach().sum())):
             return product
     return torch.where(m, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+_MARK = "_posttrain_zero_off_mask"
+
+
+def mark_zero_off_mask(values: Tensor, mask: Tensor) -> Tensor:
+    """Record on ``values`` that it and its gradient are exactly 0 wherever ``mask`` is False; return it.
+
+    A per-token loss that guarantees this (through `zero_off_mask`, or a computation whose value and
+    gradient are 0 off the mask) marks its output, and ``aggregate(values, mask)`` with the same
+    mask object then sums it without masking it a second time (forward: no multiply by the mask;
+    backward: no masked copy of the gradient). The mark holds the mask object and the tensor's
+    version counter, so an in-place change of ``values`` or another mask voids it (and the
+    aggregation masks as usual).
+    """
+    setattr(values, _MARK, (mask, values._version))
+    return values
+
+
+def is_marked_zero_off_mask(values: Tensor, mask: Tensor) -> bool:
+    """Whether `mark_zero_off_mask` marked ``values`` with this very ``mask`` and it is unchanged since."""
+    mark = getattr(values, _MARK, None)
+    return mark is not None and mark[0] is mask and mark[1] == values._version
 
 
 def _cast(out: Any, dtype: torch.dtype) -> Any:

@@ -3,21 +3,10 @@ r"""Evolution strategies (ES) with seed-indexed Gaussian noise: perturb, shape r
 A population of ``P`` members is described by integer seeds and signs, never by stored noise:
 member ``i`` is $\theta + \sigma s_i \varepsilon_{k_i}$ with $s_i \in \{+1, -1\}$
 (antithetic pairs share a seed and carry opposite signs) and the noise of every named parameter
-tensor is regenerated on demand from a ``torch.Generator`` seeded with
-$k_i \oplus h(\text{name})$, ``h`` the 64-bit little-endian BLAKE2b digest of the name
-(Ba et al. 2026, arXiv:2608.27351, App. G.1). Mixing the name into the seed gives independent
-noise to same-shaped tensors; ``mix_names=False`` reproduces the correlated seeding of the
-original ES-at-Scale scripts (Qiu et al. 2025, arXiv:2509.24372) for comparison only.
-
-Noise is drawn in float32 (float64 for float64 parameters), scaled, then cast to the parameter
-dtype; update directions are accumulated tensor by tensor in that precision. Streams differ
-between devices (CPU and CUDA generators are different algorithms): pick one device per run.
-
-A tensor's noise is drawn from its one generator in consecutive flat chunks of
-`NOISE_CHUNK` elements (`noise_chunks`), so the in-place operations on a model's
-parameters (`posttrain.llm.es.params`) hold one or two chunk-sized buffers, whatever the size
-of the largest parameter. On CPU the chunked stream is bit-identical to one ``torch.randn`` of the
-whole tensor (the artifact's draw), which the tests check.
+tensor is regenerated on demand from its seed (`posttrain.estimators.es_noise`: a pure function of
+the member's seed, the tensor's name and the chunk). The functions of one step take an optional
+`NoiseCache`: with one, each member's noise is drawn once and reused by the perturbation and the
+update (bit-identical results); without, it is regenerated at each use.
 
 The step follows the papers: $\theta^+ = \theta + \alpha \frac1P\sum_i w_i s_i\varepsilon_{k_i}$
 with $w$ the shaped rewards (z-score by default) and no explicit $1/\sigma$ (absorbed
@@ -27,16 +16,26 @@ in $\alpha$). `evolution_strategy` bundles it as an optax-style
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-from collections.abc import Callable, Iterator, Mapping
-from typing import NamedTuple
+import math
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Protocol
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators.es_noise import (
+    NOISE_CHUNK,
+    NOISE_TAIL,
+    NoiseCache,
+    chunk_spans,
+    members_noise,
+    noise_chunks,
+    noise_dtype,
+    seeded_noise,
+    tensor_seed,
+)
 from posttrain.registry import registry
 from posttrain.validate import check_finite, check_float, check_positive, check_tensor
 
@@ -46,7 +45,9 @@ __all__ = [
     "REWARD_SHAPINGS",
     "EsPopulation",
     "EsState",
+    "EsUpdate",
     "EvolutionStrategy",
+    "NoiseCache",
     "Params",
     "antithetic_gradient",
     "antithetic_population",
@@ -59,6 +60,7 @@ __all__ = [
     "es_step",
     "evolution_strategy",
     "member_coefficients",
+    "members_noise",
     "noise_chunks",
     "noise_dtype",
     "perturbed_params",
@@ -74,10 +76,6 @@ __all__ = [
 ]
 
 Params = Mapping[str, Tensor]
-_MASK64 = (1 << 64) - 1
-NOISE_CHUNK = 1 << 14
-"""Elements per noise chunk (64 KiB of float32): the bound on the in-place operations' temporaries."""
-NOISE_TAIL = 16  # CPU normal_ transforms blocks of 16 and redraws a shorter tail: a last chunk is >= 16 long
 
 
 class EsPopulation(NamedTuple):
@@ -92,110 +90,6 @@ class EsState(NamedTuple):
 
     step: int
     key: int
-
-
-def tensor_seed(seed: int, name: str, *, mix_names: bool = True) -> int:
-    r"""The generator seed of tensor ``name`` in member ``seed``: $k \oplus h(\text{name})$.
-
-    ``h`` is BLAKE2b with an 8-byte digest read little-endian (the paper's artifact). With
-    ``mix_names=False`` every tensor uses ``seed`` itself (original ES-at-Scale scripts).
-
-    Examples:
-        >>> tensor_seed(7, "w", mix_names=False)
-        7
-        >>> tensor_seed(7, "w") == tensor_seed(7, "w") != tensor_seed(7, "b")
-        True
-    """
-    if seed < 0:
-        raise DomainError(f"seed: expected a non-negative integer, got {seed}")
-    if not mix_names:
-        return int(seed) & _MASK64
-    digest = int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(), "little")
-    return (int(seed) ^ digest) & _MASK64
-
-
-def noise_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def seeded_noise(
-    seed: int,
-    name: str,
-    shape: torch.Size | tuple[int, ...],
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-    mix_names: bool = True,
-) -> Tensor:
-    r"""Standard normal noise for tensor ``name`` of member ``seed``: a pure function of its arguments.
-
-    Drawn with a fresh ``torch.Generator`` on ``device`` seeded by `tensor_seed`, in float64
-    when ``dtype`` is float64 and float32 otherwise (the caller casts after scaling), in the flat
-    chunks of `noise_chunks`; on CPU this equals one ``torch.randn(shape)`` from that generator.
-
-    Args:
-        seed: the member's non-negative integer seed. name: the tensor's stable name.
-        shape: the tensor's shape. dtype: the parameter dtype. device: where to draw.
-        mix_names: mix the name into the seed (default; independent noise per tensor).
-
-    Returns:
-        a tensor of ``shape`` with i.i.d. $\mathcal N(0, 1)$ entries.
-
-    Examples:
-        >>> bool((seeded_noise(3, "w", (2, 2)) == seeded_noise(3, "w", (2, 2))).all())
-        True
-    """
-    out = torch.empty(tuple(shape), dtype=noise_dtype(dtype), device=device)
-    flat, gen = out.view(-1), _generator(seed, name, device, mix_names)
-    for start, stop in chunk_spans(flat.numel(), NOISE_CHUNK):
-        flat[start:stop].normal_(generator=gen)  # the chunks of noise_chunks, drawn in place
-    return out
-
-
-def chunk_spans(numel: int, chunk: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` of consecutive ``chunk``-long spans of ``numel``; a last one shorter than 16 joins the one before."""
-    if chunk < NOISE_TAIL or chunk % NOISE_TAIL:
-        raise DomainError(f"chunk: expected a positive multiple of {NOISE_TAIL}, got {chunk}")
-    starts = list(range(0, numel, chunk))
-    if len(starts) > 1 and numel - starts[-1] < NOISE_TAIL:
-        starts.pop()
-    return list(itertools.pairwise([*starts, numel]))
-
-
-def _generator(seed: int, name: str, device: torch.device | str | None, mix_names: bool) -> torch.Generator:
-    gen = torch.Generator(device=device if device is not None else "cpu")
-    return gen.manual_seed(tensor_seed(seed, name, mix_names=mix_names))
-
-
-def noise_chunks(
-    seed: int,
-    name: str,
-    numel: int,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-    mix_names: bool = True,
-    chunk: int = NOISE_CHUNK,
-    out: Tensor | None = None,
-) -> Iterator[tuple[int, int, Tensor]]:
-    r"""The flat noise of tensor ``name`` of member ``seed`` as ``(start, stop, values)`` chunks.
-
-    ``values`` (``[stop - start]``) are the next draws of the tensor's one generator; every chunk is
-    ``chunk`` long except the last, which absorbs a remainder shorter than 16. ``values`` is a view
-    of one reused buffer (``out`` if given, at least ``chunk + 15`` elements): consume it before the
-    next chunk. Concatenated, the chunks are `seeded_noise` flattened.
-
-    Examples:
-        >>> parts = [v.clone() for _, _, v in noise_chunks(3, "w", 40, chunk=16)]
-        >>> [len(v) for v in parts], bool(torch.equal(torch.cat(parts), seeded_noise(3, "w", (40,))))
-        ([16, 24], True)
-    """
-    spans = chunk_spans(numel, chunk)
-    gen = _generator(seed, name, device, mix_names)
-    width = max((b - a for a, b in spans), default=0)
-    buf = torch.empty(width, dtype=noise_dtype(dtype), device=device) if out is None else out
-    for start, stop in spans:
-        yield start, stop, buf[: stop - start].normal_(generator=gen)
 
 
 def check_population(population: EsPopulation) -> EsPopulation:
@@ -218,19 +112,19 @@ def population_noise(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     mix_names: bool = True,
+    cache: NoiseCache | None = None,
 ) -> Tensor:
     r"""Signed noise of every member for one tensor, ``[P, *shape]``: row ``i`` is $s_i\varepsilon_{k_i}$.
 
-    One generator per seed is unavoidable (each member's stream is defined by its own seed); the
-    loop over members only draws noise, everything downstream is batched.
+    One stream per seed is unavoidable (each member's noise is defined by its own seed); the loop
+    over members only draws noise (one re-seeded generator, or the values kept in ``cache``),
+    everything downstream is batched.
     """
     check_population(population)
-    noise = torch.stack(
-        [
-            seeded_noise(int(s), name, shape, dtype=dtype, device=device, mix_names=mix_names)
-            for s in population.seeds.tolist()
-        ]
-    )
+    shape = tuple(shape)
+    seeds = population.seeds.tolist()
+    kept = members_noise(seeds, name, math.prod(shape), dtype=dtype, device=device, mix_names=mix_names, cache=cache)
+    noise = kept.view(len(seeds), *shape)
     signs = population.signs.to(device=noise.device, dtype=noise.dtype)
     return noise * signs.reshape((-1,) + (1,) * len(tuple(shape)))
 
@@ -302,9 +196,15 @@ REWARD_SHAPINGS.add("centered_ranks", centered_rank_rewards, paper="Salimans et 
 REWARD_SHAPINGS.add("none", raw_rewards)
 
 
+def _check_shaping(shaping: str) -> str:
+    if shaping not in REWARD_SHAPINGS:
+        raise DomainError(f"shaping: unknown reward shaping {shaping!r}; valid: {REWARD_SHAPINGS.names()}")
+    return shaping
+
+
 def shape_rewards(rewards: Float[Tensor, " P"], shaping: str = "zscore") -> Float[Tensor, " P"]:
-    """Member rewards shaped by the `REWARD_SHAPINGS` entry ``shaping`` (RegistryError for an unknown name)."""
-    return REWARD_SHAPINGS.get(shaping)(rewards)  # type: ignore[operator,no-any-return]
+    """Member rewards shaped by the `REWARD_SHAPINGS` entry ``shaping`` (DomainError naming it if unknown)."""
+    return REWARD_SHAPINGS.get(_check_shaping(shaping))(rewards)  # type: ignore[operator,no-any-return]
 
 
 def es_gradient(rewards: Float[Tensor, " P"], noise: Float[Tensor, "P D"], *, sigma: float) -> Float[Tensor, " D"]:
@@ -344,7 +244,9 @@ def antithetic_gradient(
         >>> antithetic_gradient(torch.tensor([3.]), torch.tensor([1.]), torch.tensor([[1., 2.]]), sigma=0.5).tolist()
         [2.0, 4.0]
     """
-    if not isinstance(rewards_minus, Tensor) or rewards_minus.shape != getattr(rewards_plus, "shape", None):
+    check_float("rewards_plus", rewards_plus, ndim=1)
+    check_float("rewards_minus", rewards_minus, ndim=1)
+    if rewards_minus.shape != rewards_plus.shape:
         raise ShapeError("rewards_minus: expected a tensor with the shape of rewards_plus")
     return es_gradient(rewards_plus - rewards_minus, noise, sigma=2.0 * check_positive("sigma", sigma))
 
@@ -358,18 +260,26 @@ def check_params(params: Params) -> Params:
 
 
 def perturbed_params(
-    params: Params, population: EsPopulation, *, sigma: float, mix_names: bool = True
+    params: Params,
+    population: EsPopulation,
+    *,
+    sigma: float,
+    mix_names: bool = True,
+    cache: NoiseCache | None = None,
 ) -> dict[str, Tensor]:
     r"""Batched member weights ``{name: [P, *shape]}``, row ``i`` = $\theta + \sigma s_i\varepsilon_{k_i}$.
 
     Feed to `population_forward` (``vmap`` over ``functional_call``) or to batched matmuls to
     evaluate every member in one pass. Costs ``P`` copies of the parameters: for small models only.
+    Pass the step's ``cache`` to `es_step` too, and the update reuses this noise instead of drawing it again.
     """
     check_params(params)
     sigma = check_positive("sigma", sigma, strict=False)
     out = {}
     for name, p in params.items():
-        eps = population_noise(population, name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names)
+        eps = population_noise(
+            population, name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names, cache=cache
+        )
         out[name] = (p.detach().unsqueeze(0) + sigma * eps).to(p.dtype)
     return out
 
@@ -380,13 +290,19 @@ def member_coefficients(population: EsPopulation, weights: Tensor) -> list[float
 
 
 def es_direction(
-    params: Params, population: EsPopulation, weights: Float[Tensor, " P"], *, mix_names: bool = True
+    params: Params,
+    population: EsPopulation,
+    weights: Float[Tensor, " P"],
+    *,
+    mix_names: bool = True,
+    cache: NoiseCache | None = None,
 ) -> dict[str, Tensor]:
     r"""Decomposed search direction $d^{(n)} = \frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}$ per tensor.
 
     Computed tensor by tensor and member by member with one accumulator per tensor (float32, or
     float64 for float64 parameters), as in ES-at-Scale's decomposed update; returned in the
-    accumulator dtype.
+    accumulator dtype. The noise comes from ``cache`` where it keeps it (the step's draws), else it
+    is regenerated from the seeds.
     """
     check_params(params)
     check_population(population)
@@ -397,15 +313,18 @@ def es_direction(
         )
     coef = member_coefficients(population, weights)
     seeds = population.seeds.tolist()
+    cache = NoiseCache(0) if cache is None else cache
     out = {}
     for name, p in params.items():
-        acc = torch.zeros(p.shape, dtype=noise_dtype(p.dtype), device=p.device)
-        for s, c in zip(seeds, coef, strict=True):
-            if c != 0.0:
-                acc.add_(
-                    seeded_noise(int(s), name, p.shape, dtype=p.dtype, device=p.device, mix_names=mix_names), alpha=c
-                )
-        out[name] = acc
+        acc = torch.zeros(p.numel(), dtype=noise_dtype(p.dtype), device=p.device)
+        kept = cache.members(seeds, name, p.numel(), dtype=p.dtype, device=p.device, mix_names=mix_names)
+        rows = kept.unbind(0) if kept is not None else None
+        for i, (s, c) in enumerate(zip(seeds, coef, strict=True)):
+            if c != 0.0:  # without the step's draws, one member's noise at a time is regenerated
+                eps = rows[i] if rows is not None else seeded_noise(s, name, (p.numel(),), dtype=p.dtype,
+                                                                    device=p.device, mix_names=mix_names, cache=cache)  # fmt: skip
+                acc.add_(eps, alpha=c)
+        out[name] = acc.view(p.shape)
     return out
 
 
@@ -417,6 +336,7 @@ def es_step(
     lr: float,
     shaping: str = "zscore",
     mix_names: bool = True,
+    cache: NoiseCache | None = None,
 ) -> dict[str, Tensor]:
     r"""The ES update $\Delta^{(n)} = \alpha\frac1P\sum_i w_i s_i\varepsilon^{(n)}_{k_i}$ (w: shaped rewards).
 
@@ -427,6 +347,7 @@ def es_step(
         params: the centre, ``{name: tensor}``. population: the members' seeds and signs.
         rewards: ``[P]`` fitness of each member. lr: $\alpha$ (absorbs $1/\sigma$).
         shaping: reward shaping. mix_names: name-mixed seeding.
+        cache: the step's `NoiseCache` (e.g. filled by `perturbed_params`); None regenerates the noise.
 
     References:
         Qiu et al. 2025 (arXiv:2509.24372); Ba et al. 2026 (arXiv:2608.27351, Eq. 7).
@@ -441,16 +362,31 @@ def es_step(
         raise ShapeError(f"rewards: expected shape {list(population.seeds.shape)} (one per member)")
     lr = check_positive("lr", lr, strict=False)
     weights = shape_rewards(rewards, shaping)
-    return {n: lr * d for n, d in es_direction(params, population, weights, mix_names=mix_names).items()}
+    direction = es_direction(params, population, weights, mix_names=mix_names, cache=cache)
+    return {n: lr * d for n, d in direction.items()}
+
+
+class EsUpdate(Protocol):
+    """``update(params, population, rewards, state, cache=None) -> (new_params, new_state)``."""
+
+    def __call__(
+        self,
+        params: Params,
+        population: EsPopulation,
+        rewards: Tensor,
+        state: EsState,
+        /,
+        cache: NoiseCache | None = None,
+    ) -> tuple[dict[str, Tensor], EsState]: ...
 
 
 class EvolutionStrategy(NamedTuple):
     """An optax-style ES triple: ``init(key) -> state``, ``ask(state) -> population``,
-    ``update(params, population, rewards, state) -> (new_params, new_state)``."""
+    ``update(params, population, rewards, state, cache=None) -> (new_params, new_state)``."""
 
     init: Callable[[int], EsState]
     ask: Callable[[EsState], EsPopulation]
-    update: Callable[[Params, EsPopulation, Tensor, EsState], tuple[dict[str, Tensor], EsState]]
+    update: EsUpdate
 
 
 def evolution_strategy(
@@ -468,7 +404,8 @@ def evolution_strategy(
     generator seeded with ``(key, step)``, so the same state always asks for the same members.
     ``update`` returns $\theta + \alpha\frac1P\sum_i w_i s_i\varepsilon_{k_i}$ (the members are
     evaluated at $\theta + \sigma s_i\varepsilon_{k_i}$ by the caller, e.g. with
-    `perturbed_params` or `posttrain.llm.es.params.perturb_`).
+    `perturbed_params` or `posttrain.llm.es.params.perturb_`); given the `NoiseCache` the members were
+    perturbed with, it reuses their noise (the same result, no second draw).
 
     Examples:
         >>> es = evolution_strategy(population=4, sigma=0.1, lr=0.01)
@@ -482,7 +419,7 @@ def evolution_strategy(
         raise DomainError(f"population: expected a positive (even when antithetic) integer, got {population}")
     check_positive("sigma", sigma)
     check_positive("lr", lr, strict=False)
-    REWARD_SHAPINGS.get(shaping)  # an unknown name fails here, not at the first update
+    _check_shaping(shaping)  # an unknown name fails here, not at the first update
 
     def init(key: int) -> EsState:
         if key < 0:
@@ -497,8 +434,10 @@ def evolution_strategy(
             return antithetic_population(seeds)
         return EsPopulation(seeds, torch.ones(n))
 
-    def update(params: Params, pop: EsPopulation, rewards: Tensor, state: EsState) -> tuple[dict[str, Tensor], EsState]:
-        delta = es_step(params, pop, rewards, lr=lr, shaping=shaping, mix_names=mix_names)
+    def update(
+        params: Params, pop: EsPopulation, rewards: Tensor, state: EsState, cache: NoiseCache | None = None
+    ) -> tuple[dict[str, Tensor], EsState]:
+        delta = es_step(params, pop, rewards, lr=lr, shaping=shaping, mix_names=mix_names, cache=cache)
         new = {n: (p.detach() + delta[n]).to(p.dtype) for n, p in params.items()}
         return new, EsState(step=state.step + 1, key=state.key)
 

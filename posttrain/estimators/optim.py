@@ -21,11 +21,11 @@ from enum import Enum
 from typing import NamedTuple
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.registry import registry
+from posttrain.shapes import Float
 from posttrain.validate import check_float, check_in_range, check_positive
 
 __all__ = [

@@ -15,7 +15,7 @@ def test_benchmark_runner_small() -> None:
     rows = run(parse(["--small"]))
     names = [r.name for r in rows]
     assert any(n.startswith("GRPO advantages end to end") for n in names)
-    assert any(n.startswith("clipped loss + token-mean") for n in names)
+    assert any(n.startswith("clipped loss + default aggregate") for n in names)
     assert any(r.reference.startswith("floor: 17 B/token") for r in rows)
     for r in rows:
         anchored = r.reference != "-"  # a row without its anchor (verl not importable) says so

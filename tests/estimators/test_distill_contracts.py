@@ -1,4 +1,4 @@
-"""The estimator contract (posttrain.testing.check_estimator) for the distillation estimators of issue 5."""
+"""The estimator contract (posttrain.testing.check_estimator) for the distillation estimators."""
 
 from __future__ import annotations
 
@@ -8,11 +8,19 @@ from typing import Any
 import pytest
 import torch
 
-from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages
-from posttrain.estimators.distill import opd_token_advantages, topk_reverse_kl, topk_reverse_kl_reward
-from posttrain.estimators.distill_losses import opd_policy_loss, trrd_loss
-from posttrain.estimators.distill_rules import kdrl_advantages, rlsd_advantages, srpo_advantages
-from posttrain.estimators.mopd import topk_distill_loss
+from posttrain.estimators import (
+    exopd_advantages,
+    kdrl_advantages,
+    opd2_advantages,
+    opd_policy_loss,
+    opd_token_advantages,
+    rlsd_advantages,
+    topk_reverse_kl,
+    topk_reverse_kl_reward,
+    trrd_loss,
+)
+from posttrain.estimators.advantages import srpo_advantages
+from posttrain.estimators.losses import topk_distill_loss
 from posttrain.testing import check_estimator
 
 B, T, K = 3, 5, 4  # distinct sizes so a wrong axis cannot pass as a valid shape

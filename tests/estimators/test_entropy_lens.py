@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.estimators.entropy_lens import domain_means, entropy_lens
+from posttrain.estimators import domain_means, entropy_lens
 from posttrain.testing import check_estimator
 
 

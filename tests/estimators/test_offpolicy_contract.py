@@ -8,11 +8,17 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators import aggregate
-from posttrain.estimators.gflowrl import flowrl_loss, gflowrl_loss
-from posttrain.estimators.rail import recoverability_gain
-from posttrain.estimators.replay import headroom, policy_drift
-from posttrain.estimators.sis import no_correction_loss, sis_loss, truncated_is_loss
+from posttrain.estimators import (
+    aggregate,
+    flowrl_loss,
+    gflowrl_loss,
+    headroom,
+    no_correction_loss,
+    policy_drift,
+    recoverability_gain,
+    sis_loss,
+    truncated_is_loss,
+)
 
 G, K, T = 2, 4, 3
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError
-from posttrain.estimators.path_space import (
+from posttrain.estimators import (
     VALUE_GRADIENTS,
     awm_loss,
     deterministic_value_gradient,

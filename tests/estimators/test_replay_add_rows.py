@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.estimators.replay import ReplayBuffer, headroom, mixed_outcome, replay_add, replay_init, replay_take
+from posttrain.estimators import headroom, replay_add, replay_init
+from posttrain.estimators.selection import ReplayBuffer, mixed_outcome, replay_take
 
 
 def _reference_add(buf: ReplayBuffer, tokens, mask, rewards, advantages, logp_gen, prompt, step, capacity):  # type: ignore[no-untyped-def]
