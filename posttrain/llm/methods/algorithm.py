@@ -4,13 +4,14 @@ A method preset (`MethodPreset`) names an advantage estimator, a per-token polic
 aggregation mode and their options. `preset_algorithm` resolves the names in the estimator
 registries and returns an `Algorithm` whose fields are plain callables; the trainer calls
 them and never looks at a name. The methods by name (presets and bundles) are the registry of
-`posttrain.llm.methods.catalog`. What a method needs beyond the
-rollout (``logp_ref`` for a KL term, ``logp_teacher`` for a loss whose signature asks for it) is
-declared in ``Algorithm.needs`` and filled by the trainer. A method whose parts do not fit the
-``(logp, logp_old, advantages, mask)`` loss signature (GFlowRL's whole-group flow gaps) is registered
-as a `MethodBundle`: a factory ``(horizon, **options) -> Algorithm``; ``algorithm.options``
-are its keyword options, and a KL term or entropy
-bonus set in the config is added to its bundle like to any other.
+`posttrain.llm.methods.catalog`. What a method reads beyond the rollout is declared as
+`posttrain.llm.methods.needs.Need` members (``Algorithm.needs``, ``Algorithm.loss_needs``); the table
+`posttrain.llm.methods.needs.NEEDS` says who provides each. An estimator's batch inputs are declared where
+it is made usable in a preset: `ADVANTAGE_INPUTS` (positional inputs of an advantage; by default the
+``[G, K]`` rewards) and `LOSS_INPUTS` (batch fields a loss takes by keyword). A method whose parts do not
+fit the ``(logp, logp_old, advantages, mask)`` loss signature (GFlowRL's whole-group flow gaps) is
+registered as a `MethodBundle`: a factory ``(horizon, options) -> Algorithm`` with a typed options class
+(``algorithm.options``); a KL term or entropy bonus set in the config is added to its bundle like to any other.
 
 Per token, the minimised quantity is
 
@@ -26,10 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from jaxtyping import Float
@@ -44,16 +44,23 @@ from posttrain.estimators import (
     masked_mean,
     zero_off_mask,
 )
+from posttrain.llm.methods.needs import Filler, Need, read
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.typed import Checked, Range
 
 __all__ = [
+    "ADVANTAGE_INPUTS",
     "GRPO",
+    "LOSS_INPUTS",
     "Algorithm",
+    "ClipOptions",
+    "EdgeContext",
+    "Inputs",
     "MethodBundle",
     "MethodPreset",
     "UpdateContext",
-    "check_options",
+    "batch_advantage",
     "preset_algorithm",
     "update_seed",
     "with_penalties",
@@ -73,17 +80,46 @@ class MethodPreset:
 
 @dataclass(frozen=True)
 class MethodBundle:
-    """A method built by a factory ``(horizon, **options) -> Algorithm`` (its keyword options: ``algorithm.options``)."""
+    """A method built by ``factory(horizon, options)`` (``options``: an instance of the typed class ``options``,
+    from ``algorithm.options``); ``group_size``: the factory also takes ``group_size=`` (``rollout.group_size``)."""
 
     factory: Callable[..., Algorithm]
+    options: type
+    group_size: bool = False
 
 
 GRPO = MethodPreset("grpo", "ppo_clip", "seq-mean-token-mean")
 """The GRPO preset: group-normalised advantages, PPO-clip, sequence mean of token means."""
 
 
-NEEDS_FROM_SIGNATURE = ("logp_ref", "logp_teacher")
-"""Batch fields a policy loss may ask for by naming them as keyword parameters."""
+@dataclass(frozen=True)
+class ClipOptions(Checked):
+    """Options of a bundle with a PPO-clip loss: ratios outside ``[1 - clip_low, 1 + clip_high]`` are clipped."""
+
+    clip_low: Annotated[float, Range(0.0, 1.0, low_open=True, high_open=True)] = 0.2
+    clip_high: Annotated[float, Range(0.0, None, low_open=True)] = 0.2
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The batch inputs an estimator takes positionally (`Need` members, in order) and whether it returns
+    per-token ``[B, T]`` values (else one value per sample, ``[G, K]``, broadcast over the response)."""
+
+    inputs: tuple[Need, ...] = (Need.REWARDS,)
+    per_token: bool = False
+
+
+ADVANTAGE_INPUTS: dict[str, Inputs] = {
+    "reinforce_pp": Inputs((Need.TOKEN_REWARDS, Need.MASK), per_token=True),
+    "reinforce_pp_baseline": Inputs((Need.REWARDS, Need.MASK), per_token=True),
+    "opd": Inputs((Need.LOGP_TEACHER, Need.LOGP_OLD, Need.MASK), per_token=True),
+    "exopd": Inputs((Need.LOGP_OLD, Need.LOGP_TEACHER, Need.LOGP_REF, Need.MASK), per_token=True),
+}
+"""Registered advantages usable in a preset (``algorithm.advantage``) whose inputs are not just the ``[G, K]``
+rewards; any other registered advantage is ``Inputs()``."""
+
+LOSS_INPUTS: dict[str, tuple[Need, ...]] = {"opd": (Need.LOGP_TEACHER,), "trrd": (Need.LOGP_TEACHER,)}
+"""Batch fields a registered policy loss takes by keyword besides ``(logp, logp_old, advantages, mask)``."""
 
 
 def update_seed(run_seed: int, step: int, update: int, rank: int) -> int:
@@ -105,7 +141,8 @@ def update_seed(run_seed: int, step: int, update: int, rank: int) -> int:
 
 @dataclass(frozen=True)
 class UpdateContext:
-    """What a bundle's ``before_update`` hook may use: the policy (no grad), the update index, a seed.
+    """What a bundle's ``before_update`` hook may use: the policy (no grad), the update index, a seed, and
+    the sampling temperature of the run.
 
     ``seed`` is `update_seed` of the run seed, completed steps, update and rank: a stream of its
     own, distinct from the rollout engine's sampling seeds (fresh per step, update and rank).
@@ -115,6 +152,29 @@ class UpdateContext:
     update: int
     seed: int
     temperature: float
+
+
+@dataclass(frozen=True)
+class EdgeContext:
+    """What a method's own run pieces (``Algorithm.edge``) are built from, by `posttrain.llm.run.build_trainer`.
+
+    Attributes:
+        seed: the run seed. tokenizer: the policy's. task: the run's task.
+        encode: prompt texts -> token id lists, exactly as the trainer encodes its prompts.
+        fill: the run's filler of a need (`posttrain.llm.methods.needs.NEEDS`), built on request.
+        has_teacher: whether the config names a teacher (``model.teacher`` / ``model.teachers``).
+        policy: the bare policy (a method's own fillers run no-grad forwards of it). temperature: the sampling
+            temperature of the run.
+    """
+
+    seed: int
+    tokenizer: Any
+    task: Any
+    encode: Callable[[list[str]], list[list[int]]]
+    fill: Callable[[Need], Filler]
+    has_teacher: bool
+    policy: Any = None
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -128,8 +188,9 @@ class Algorithm:
         horizon: the constant length of ``seq-mean-token-sum-norm`` (``rollout.max_new_tokens``).
         kl: ``(logp, logp_ref) -> [B, T]`` or None; ``kl_coef`` its weight.
         entropy_coef: weight of the entropy bonus (subtracted from the loss).
-        needs: batch fields the trainer must fill before the loss (e.g. ``{"logp_ref"}``); for a
-            scheduled bundle, the union over its phases (the trainer checks it can fill them all).
+        needs: the `Need` members that must be in the batch before the advantage (the trainer fills the ones
+            a filler provides); for a scheduled bundle, the union over its phases.
+        loss_needs: batch fields passed to ``policy_loss`` by keyword (their `Need` value is the keyword).
         schedule: ``(step, scores) -> Algorithm``, the bundle used at a step counted from 1, a pure
             function of the step and of ``scores``, the validation scores logged so far (one per
             evaluation, oldest first; e.g. OPD-then-RL's switch at a fixed step or at a plateau of the
@@ -145,6 +206,9 @@ class Algorithm:
             training forward of a method whose loss needs more than the sampled-token log-probs (``live``:
             differentiable tensors passed to ``policy_loss`` by name, e.g. Open-MOPD's top-K log-probs), or
             None (`token_logprobs`, no live tensors).
+        edge: ``EdgeContext -> (stages, fillers)``: rollout stages and fillers of its own that the method brings
+            to the run (Self-Routing's router and queue-only forwards), or None.
+        provides: the needs ``edge`` provides (their `NEEDS` row's filler and config precondition do not apply).
     """
 
     advantage: Callable[[RolloutBatch], Float[Tensor, "B T"]]
@@ -154,14 +218,16 @@ class Algorithm:
     kl: Callable[[Tensor, Tensor], Tensor] | None = None
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
-    needs: frozenset[str] = frozenset()
-    loss_needs: tuple[str, ...] = ()
+    needs: frozenset[Need] = frozenset()
+    loss_needs: tuple[Need, ...] = ()
     schedule: Callable[[int, tuple[float, ...]], Algorithm] | None = None
     before_update: Callable[[RolloutBatch, Any, UpdateContext], tuple[RolloutBatch, Any, dict[str, Tensor]]] | None = (
         None
     )
     modules: tuple[torch.nn.Module, ...] = ()
     forward: Callable[[Any, RolloutBatch, float, bool], tuple[Tensor, Tensor, dict[str, Tensor]]] | None = None
+    edge: Callable[[EdgeContext], tuple[tuple[Any, ...], dict[Need, Filler]]] | None = None
+    provides: frozenset[Need] = frozenset()
 
     def at(self, step: int, scores: tuple[float, ...] = ()) -> Algorithm:
         """The bundle used at ``step`` (counted from 1) given the validation ``scores`` so far:
@@ -181,7 +247,7 @@ class Algorithm:
             return self.forward(model, batch, temperature, self.wants_entropy)
         logp, entropy = token_logprobs(
             model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
-            temperature=temperature, with_entropy=True, entropy_grad=self.wants_entropy,
+            temperature=temperature, with_entropy=True, entropy_grad=self.wants_entropy, group_size=batch.group_size,
         )  # fmt: skip
         assert entropy is not None
         return logp, entropy, {}
@@ -197,7 +263,7 @@ class Algorithm:
         are the training forward's extra tensors (`log_probs`), passed to the policy loss by name."""
         if batch.logp_old is None or batch.advantages is None:
             raise DomainError("batch: logp_old and advantages must be filled before the loss")
-        extra = {**{name: getattr(batch, name) for name in self.loss_needs}, **(live or {})}
+        extra = {**{need.value: read(batch, need) for need in self.loss_needs}, **(live or {})}
         loss, diag = self.policy_loss(logp, batch.logp_old, batch.advantages, batch.mask, **extra)
         metrics = {f"pg/{k}": v for k, v in diag._asdict().items()} if hasattr(diag, "_asdict") else {}
         if self.kl is not None:
@@ -210,36 +276,23 @@ class Algorithm:
         return zero_off_mask(loss, batch.mask), metrics
 
 
-def _sequence_advantage(fn: Callable[..., Tensor], options: Mapping[str, Any]) -> Callable[[RolloutBatch], Tensor]:
-    """Adapt ``fn([G, K], **options) -> [G, K]`` (or ``fn([G, K], mask) -> [B, T]``) to a batch."""
-    params = inspect.signature(fn).parameters
-    if "token_rewards" in params:  # outcome reward on the last valid token (REINFORCE++)
+def batch_advantage(
+    fn: Callable[..., Tensor], spec: Inputs, options: Mapping[str, Any]
+) -> Callable[[RolloutBatch], Tensor]:
+    """An advantage estimator as a function of the batch: ``fn(*inputs, **options)`` with its declared inputs
+    read from the batch (`posttrain.llm.methods.needs.read`), broadcast over the response unless per token."""
 
-        def from_tokens(batch: RolloutBatch) -> Tensor:
-            last = batch.mask.long().cumsum(-1).argmax(-1)
-            token_rewards = torch.zeros(batch.mask.shape, dtype=batch.rewards.dtype, device=batch.rewards.device)
-            token_rewards[torch.arange(batch.batch_size), last] = batch.rewards
-            return fn(token_rewards, batch.mask, **options)
+    def advantage(batch: RolloutBatch) -> Tensor:
+        values = []
+        for need in spec.inputs:
+            value = read(batch, need)
+            if value is None:
+                raise DomainError(f"{need}: the advantage's input is missing from the batch")
+            values.append(value)
+        out = fn(*values, **options)
+        return out if spec.per_token else broadcast_sequence_advantages(out, batch.mask)
 
-        return from_tokens
-
-    def grouped(batch: RolloutBatch) -> Tensor:
-        if "mask" in params:
-            return fn(batch.grouped_rewards(), batch.mask, **options)
-        return broadcast_sequence_advantages(fn(batch.grouped_rewards(), **options), batch.mask)
-
-    return grouped
-
-
-def check_options(where: str, fn: Callable[..., Any], opts: Mapping[str, Any]) -> None:
-    """Every option must be a keyword-only parameter of ``fn`` (DomainError listing the valid ones)."""
-    params = inspect.signature(fn).parameters
-    bad = sorted(k for k in opts if k not in params or params[k].kind is not inspect.Parameter.KEYWORD_ONLY)
-    if bad:
-        valid = [k for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-        raise DomainError(
-            f"algorithm.{where}: unknown option(s) {', '.join(bad)}; valid: {', '.join(valid) or '(none)'}"
-        )
+    return advantage
 
 
 def with_penalties(
@@ -252,7 +305,7 @@ def with_penalties(
         kl=kl,
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
-        needs=alg.needs | ({"logp_ref"} if kl is not None else set()),
+        needs=alg.needs | ({Need.LOGP_REF} if kl is not None else set()),
         schedule=None
         if inner is None
         else lambda step, scores: with_penalties(inner(step, scores), kl, kl_coef, entropy_coef),
@@ -271,24 +324,24 @@ def preset_algorithm(
 ) -> Algorithm:
     """The `Algorithm` of a preset, its names overridden by ``advantage``/``loss``/``aggregation``
     and its options merged with the given ones (an override drops the preset's options of that part).
+    Options are not checked here: `build_algorithm` checks them (the config edge).
 
     Examples:
         >>> alg = preset_algorithm(GRPO, horizon=16, aggregation="token-mean")
-        >>> alg.aggregation.value, sorted(alg.needs)
+        >>> alg.aggregation.value, sorted(map(str, alg.needs))
         ('token-mean', ['logp_old'])
     """
-    adv_fn = get_advantage(advantage or preset.advantage)
-    loss_fn = get_policy_loss(loss or preset.loss)
+    adv_name, loss_name = advantage or preset.advantage, loss or preset.loss
     l_opts = {**(preset.loss_options if loss is None else {}), **(loss_options or {})}
     a_opts = {**(preset.advantage_options if advantage is None else {}), **(advantage_options or {})}
-    check_options("loss_options", loss_fn, l_opts)
-    check_options("advantage_options", adv_fn, a_opts)
-    loss_needs = tuple(n for n in NEEDS_FROM_SIGNATURE if n in inspect.signature(loss_fn).parameters)
+    spec = ADVANTAGE_INPUTS.get(adv_name, Inputs())
+    loss_needs = LOSS_INPUTS.get(loss_name, ())
+    batch_fields = {n for n in spec.inputs if n not in (Need.REWARDS, Need.MASK, Need.TOKEN_REWARDS)}
     return Algorithm(
-        advantage=_sequence_advantage(adv_fn, a_opts),
-        policy_loss=functools.partial(loss_fn, **l_opts),
+        advantage=batch_advantage(get_advantage(adv_name), spec, a_opts),
+        policy_loss=functools.partial(get_policy_loss(loss_name), **l_opts),
         aggregation=AggregationMode.parse(aggregation or preset.aggregation),
         horizon=int(horizon),
-        needs=frozenset({"logp_old", *loss_needs}),
+        needs=frozenset({Need.LOGP_OLD, *loss_needs, *batch_fields}),
         loss_needs=loss_needs,
     )

@@ -1,46 +1,72 @@
 """Every method by name: the presets and bundles of ``algorithm.method``, and `build_algorithm`.
 
 This is the one place a method's name meets its parts (``registry("method")``, ``posttrain list
-method``): a `MethodPreset` names registry estimators, a
-`MethodBundle` holds the factory of a method module
-(`distill`, `flow`,
-`sis`). The run's edge calls `build_algorithm` once.
+method``): a `MethodPreset` names registry estimators, a `MethodBundle` holds the factory of a method
+module (`distill`, `flow`, `sis`, ...) and its typed options class. `build_algorithm` is the config edge of
+a method: it checks the options (names, types and limits, by `posttrain.llm.typed`), builds the bundle and,
+for a preset, tries its estimators once on a small batch so an option out of an estimator's range fails
+here, naming its key (``algorithm.loss_options.clip_high: ...``).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from posttrain.errors import DomainError
-from posttrain.estimators import get_kl
+from posttrain.estimators import get_advantage, get_kl, get_policy_loss
 from posttrain.llm.methods.algorithm import (
+    ADVANTAGE_INPUTS,
     GRPO,
+    LOSS_INPUTS,
     Algorithm,
+    Inputs,
     MethodBundle,
     MethodPreset,
-    check_options,
     preset_algorithm,
     with_penalties,
 )
-from posttrain.llm.methods.distill import exopd_algorithm, opd2_algorithm, opd_then_rl_algorithm
-from posttrain.llm.methods.flow import flowrl_algorithm, gflowrl_algorithm
-from posttrain.llm.methods.mopd import open_mopd_algorithm
-from posttrain.llm.methods.orarl import orarl_algorithm
-from posttrain.llm.methods.routing import self_routing_algorithm
+from posttrain.llm.methods.distill import (
+    ExOpdOptions,
+    Opd2Options,
+    OpdThenRlOptions,
+    exopd_algorithm,
+    opd2_algorithm,
+    opd_then_rl_algorithm,
+)
+from posttrain.llm.methods.flow import FlowRLOptions, GFlowRLOptions, flowrl_algorithm, gflowrl_algorithm
+from posttrain.llm.methods.mopd import OpenMopdOptions, open_mopd_algorithm
+from posttrain.llm.methods.needs import example_batch
+from posttrain.llm.methods.orarl import OraRLOptions, orarl_algorithm
+from posttrain.llm.methods.routing import RoutingOptions, self_routing_algorithm
 from posttrain.llm.methods.sis import sis_algorithm
-from posttrain.llm.methods.tsallis import garl_algorithm, paft_algorithm
+from posttrain.llm.methods.tsallis import GarlOptions, PaftOptions, garl_algorithm, paft_algorithm
+from posttrain.llm.typed import Checked, OneOf, Range, check_options, from_mapping
 from posttrain.registry import registry
 
-__all__ = ["METHODS", "build_algorithm"]
+__all__ = ["METHODS", "SisOptions", "build_algorithm", "preset_names"]
 
 METHODS = registry("method")
 
 
-def _sis(horizon: int, *, base: str = "grpo", top_k: int = 100) -> Algorithm:
-    """SIS on the ``base`` method (a preset by name, unscheduled and without its own hook)."""
-    return sis_algorithm(build_algorithm(method=base, horizon=horizon), base=base, top_k=top_k)
+def preset_names() -> list[str]:
+    """The methods that are presets (SIS wraps one)."""
+    return sorted(n for n in METHODS.names() if isinstance(METHODS.get(n), MethodPreset))
+
+
+@dataclass(frozen=True)
+class SisOptions(Checked):
+    """``algorithm.options`` of ``sis``: the preset it wraps and the behaviour envelope's size."""
+
+    base: Annotated[str, OneOf(preset_names)] = "grpo"
+    top_k: Annotated[int, Range(1, 1 << 20)] = 100
+
+
+def _sis(horizon: int, options: SisOptions | None = None) -> Algorithm:
+    """SIS on the ``base`` preset (unscheduled and without its own hook)."""
+    o = options or SisOptions()
+    return sis_algorithm(build_algorithm(method=o.base, horizon=horizon), base=o.base, top_k=o.top_k)
 
 
 METHODS.add(
@@ -82,66 +108,99 @@ METHODS.add(
 
 METHODS.add(
     "gflowrl",
-    MethodBundle(gflowrl_algorithm),
+    MethodBundle(gflowrl_algorithm, GFlowRLOptions),
     paper="Liu et al. 2026, GFlowRL, arXiv:2607.13394",
     summary="GFlowRL: whole-group clipped flow gaps vs a reference, IS-corrected trajectory balance.",
 )
 METHODS.add(
     "flowrl",
-    MethodBundle(flowrl_algorithm),
+    MethodBundle(flowrl_algorithm, FlowRLOptions),
     paper="Zhu et al. 2025, FlowRL, arXiv:2509.15207 (docs: methods/gflowrl.md baseline)",
     summary="FlowRL: trajectory balance with a learned log Z(x), an MLP over the prompt's mean hidden state.",
 )
 
 METHODS.add(
     "sis",
-    MethodBundle(_sis),
+    MethodBundle(_sis, SisOptions),
     paper="Li et al. 2026, Selective Importance Sampling, arXiv:2607.04728",
     summary="SIS: a token rejection test vs the behaviour top-K before every update, on any ratio-based preset.",
 )
 METHODS.add(
     "opd_then_rl",
-    MethodBundle(opd_then_rl_algorithm),
+    MethodBundle(opd_then_rl_algorithm, OpdThenRlOptions),
     paper="Li et al. 2026, Sequential Beats Joint, arXiv:2609.04108",
     summary="OPD-then-RL: OPD advantages (teacher log-probs) up to switch_step or a validation plateau, then GRPO.",
 )
 
 METHODS.add(
     "exopd",
-    MethodBundle(exopd_algorithm),
+    MethodBundle(exopd_algorithm, ExOpdOptions),
     paper="ExOPD / G-OPD reward extrapolation, arXiv:2602.12125 (docs: methods/opd2.md baseline)",
     summary="ExOPD: PPO-clip on lam*(teacher - reference) - (student - reference); reference = model.reference.",
 )
 METHODS.add(
     "opd2",
-    MethodBundle(opd2_algorithm),
+    MethodBundle(opd2_algorithm, Opd2Options),
     paper="Heo et al. 2026, On-Policy Delta Distillation, arXiv:2607.15161",
     summary="OPD²: PPO-clip on the centred, sign-gated teacher-minus-teacher-base delta on the student's top-K.",
 )
 
 
-def _from_bundle(
-    method: str,
-    entry: MethodBundle,
-    horizon: int,
-    options: Mapping[str, Any],
-    overrides: Mapping[str, Any],
-    group_size: int | None = None,
+def _named(where: str, exc: Exception, options: Mapping[str, Any]) -> DomainError:
+    """An estimator's error (``"clip_high: expected ..."``) under its config key: ``where_options.clip_high`` when
+    it names one of the options, else ``where``."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    name = text.split(":", 1)[0].strip()
+    if name in options:
+        return DomainError(f"{where}_options.{text}")
+    return DomainError(f"{where}: {text}")
+
+
+def _try_preset(alg: Algorithm, loss_options: Mapping[str, Any], advantage_options: Mapping[str, Any]) -> None:
+    """Run a preset's advantage and loss once on a small batch (`example_batch`): the estimators check their
+    options' ranges themselves, so a value out of range fails at the config edge."""
+    import torch
+
+    batch = example_batch(alg.needs | set(alg.loss_needs), group_size=2, rewards=[1.0, 0.0, 0.0, 1.0])
+    try:
+        advantages = alg.advantage(batch)
+    except (DomainError, TypeError, ValueError) as exc:
+        raise _named("algorithm.advantage", exc, advantage_options) from None
+    try:
+        alg.token_loss(torch.zeros(batch.mask.shape), None, batch.replace(advantages=advantages))
+    except (DomainError, TypeError, ValueError) as exc:
+        raise _named("algorithm.loss", exc, loss_options) from None
+
+
+def _preset(
+    method: str, preset: MethodPreset, horizon: int, names: Mapping[str, Any], options: Mapping[str, Any]
 ) -> Algorithm:
-    """Call a `MethodBundle`'s factory; advantage/loss/aggregation overrides do not apply to it. A factory
-    with a keyword ``group_size`` (rows per group, e.g. OraRL's kept-row count) gets ``rollout.group_size``."""
-    given = sorted(k for k, v in overrides.items() if v)
-    if given:
+    """A preset with the config's overrides, its options checked against the estimators' keyword parameters."""
+    if options:
+        raise DomainError(f"algorithm.options: method {method!r} is a preset; use loss_options / advantage_options")
+    loss, advantage = names["loss"] or preset.loss, names["advantage"] or preset.advantage
+    l_opts = {**(preset.loss_options if names["loss"] is None else {}), **(names["loss_options"] or {})}
+    a_opts = {**(preset.advantage_options if names["advantage"] is None else {}), **(names["advantage_options"] or {})}
+    batch_keywords = [need.value for need in LOSS_INPUTS.get(loss, ())]  # filled from the batch, not options
+    check_options("algorithm.loss_options", get_policy_loss(loss), l_opts, skip=batch_keywords)
+    adv_fn = get_advantage(advantage)
+    check_options("algorithm.advantage_options", adv_fn, a_opts)
+    spec = ADVANTAGE_INPUTS.get(advantage, Inputs())
+    import inspect
+
+    positional = [p for p in inspect.signature(adv_fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
+                  and p.default is p.empty]  # fmt: skip
+    if len(positional) != len(spec.inputs):
         raise DomainError(
-            f"algorithm.{', algorithm.'.join(given)}: not used by method {method!r} (use algorithm.options)"
+            f"algorithm.advantage: {advantage!r} takes {len(positional)} batch inputs, a preset gives it "
+            f"{len(spec.inputs)} ({', '.join(map(str, spec.inputs))}); it is used inside a method (algorithm.method)"
         )
-    wants_k = "group_size" in inspect.signature(entry.factory).parameters
-    if wants_k and "group_size" in options:
-        raise DomainError("algorithm.options.group_size: set rollout.group_size instead")
-    check_options("options", entry.factory, options)
-    if wants_k:
-        return entry.factory(int(horizon), group_size=group_size, **options)
-    return entry.factory(int(horizon), **options)
+    alg = preset_algorithm(
+        preset, horizon=horizon, advantage=names["advantage"], loss=names["loss"], aggregation=names["aggregation"],
+        advantage_options=names["advantage_options"], loss_options=names["loss_options"],
+    )  # fmt: skip
+    _try_preset(alg, l_opts, a_opts)
+    return alg
 
 
 def build_algorithm(
@@ -159,49 +218,54 @@ def build_algorithm(
     options: Mapping[str, Any] | None = None,
     group_size: int | None = None,
 ) -> Algorithm:
-    """Resolve a method plus overrides into an `Algorithm`.
+    """Resolve a method plus overrides into an `Algorithm`, checking every option on the way.
 
-    ``options`` are the keyword options of a `MethodBundle` method (an error for a preset);
-    the KL term and entropy bonus are added to either. ``group_size`` (``rollout.group_size``) reaches
-    a bundle factory that declares it.
+    ``options`` are the typed options of a `MethodBundle` method (its ``options`` class; an error for a
+    preset); the KL term and entropy bonus are added to either. ``group_size`` (``rollout.group_size``)
+    reaches a bundle factory that declares it.
 
     Examples:
         >>> alg = build_algorithm(method="drgrpo", horizon=16, kl="k3", kl_coef=0.01)
-        >>> alg.aggregation.value, sorted(alg.needs)
+        >>> alg.aggregation.value, sorted(map(str, alg.needs))
         ('seq-mean-token-sum-norm', ['logp_old', 'logp_ref'])
     """
     entry = METHODS.get(method)
-    kl_fn = get_kl(kl) if kl is not None and kl_coef > 0 else None
+    names: dict[str, Any] = {"advantage": advantage, "loss": loss, "aggregation": aggregation}
+    names |= {"advantage_options": advantage_options, "loss_options": loss_options}
     if isinstance(entry, MethodBundle):
-        overrides: dict[str, Any] = {"advantage": advantage, "loss": loss, "aggregation": aggregation}
-        overrides |= {"advantage_options": advantage_options, "loss_options": loss_options}
-        alg = _from_bundle(method, entry, horizon, options or {}, overrides, group_size)
+        given = sorted(k for k, v in names.items() if v)
+        if given:
+            raise DomainError(
+                f"algorithm.{', algorithm.'.join(given)}: not used by method {method!r} (use algorithm.options)"
+            )
+        opts: Any = from_mapping(entry.options, options or {}, "algorithm.options")
+        alg = (
+            entry.factory(int(horizon), opts, group_size=group_size)
+            if entry.group_size
+            else entry.factory(int(horizon), opts)
+        )
     else:
-        if options:
-            raise DomainError(f"algorithm.options: method {method!r} is a preset; use loss_options / advantage_options")
-        preset: MethodPreset = entry  # type: ignore[assignment]
-        alg = preset_algorithm(
-            preset, horizon=horizon, advantage=advantage, loss=loss, aggregation=aggregation,
-            advantage_options=advantage_options, loss_options=loss_options,
-        )  # fmt: skip
+        assert isinstance(entry, MethodPreset)  # the registry holds presets and bundles only
+        alg = _preset(method, entry, int(horizon), names, options or {})
+    kl_fn = get_kl(kl) if kl is not None and kl_coef > 0 else None
     return with_penalties(alg, kl_fn, float(kl_coef), float(entropy_coef))
 
 
 METHODS.add(
     "garl",
-    MethodBundle(garl_algorithm),
+    MethodBundle(garl_algorithm, GarlOptions),
     paper="Lin & Ie 2026, Tsallis loss continuum, arXiv:2604.25907 (Algorithm 1, reconstructed)",
     summary="GARL: the RLOO gradient on trace weights w (reward, or the gold answer's likelihood) amplified by w_bar^-q.",
 )
 METHODS.add(
     "paft",
-    MethodBundle(paft_algorithm),
+    MethodBundle(paft_algorithm, PaftOptions),
     paper="Lin & Ie 2026, Tsallis loss continuum, arXiv:2604.25907 (Algorithm 2, reconstructed)",
     summary="PAFT: SFT on traces resampled in proportion to w, attenuated by w_bar^(1-q).",
 )
 METHODS.add(
     "self_routing",
-    MethodBundle(self_routing_algorithm),
+    MethodBundle(self_routing_algorithm, RoutingOptions),
     paper="Li et al. 2026, From Rollouts to Recipes (Self-Routing), arXiv:2609.01422",
     summary="Self-Routing: each prompt routed to GRPO / self-teacher OPSD / REG (k3 to the reference) / SKIP "
     "from its rollouts' accuracy and entropy confidence; per-queue token means weighted by queue size.",
@@ -209,7 +273,7 @@ METHODS.add(
 
 METHODS.add(
     "open_mopd",
-    MethodBundle(open_mopd_algorithm),
+    MethodBundle(open_mopd_algorithm, OpenMopdOptions),
     paper="Gao et al. 2026, Open-MOPD, arXiv:2608.19098",
     summary="Open-MOPD: top-K distillation from teachers routed by domain (model.teachers), token-share x "
     "gap-following weights on the advantage, reward refresh before every later update.",
@@ -217,7 +281,7 @@ METHODS.add(
 
 METHODS.add(
     "orarl",
-    MethodBundle(orarl_algorithm),
+    MethodBundle(orarl_algorithm, OraRLOptions, group_size=True),
     paper="Li et al. 2026, Annotations as Rollouts (OraRL), arXiv:2608.20492",
     summary="OraRL: the task's reference solution as one oracle row per group (rollout.oracle); policy-only "
     "baseline, directional gain, detached capped oracle advantage, sign-balanced selection (kept rows).",

@@ -39,35 +39,94 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import group_normalized_advantages
-from posttrain.estimators.delta_distill import exopd_advantages, opd2_advantages, sampled_on_support
-from posttrain.estimators.distill import eos_teacher_mask, opd_token_advantages
-from posttrain.estimators.distill_rules import opd_phase, opd_then_rl_advantages, plateau_switch_step
-from posttrain.llm.methods.algorithm import GRPO, Algorithm, UpdateContext, preset_algorithm
+from posttrain.estimators import (
+    AggregationMode,
+    eos_teacher_mask,
+    exopd_advantages,
+    group_normalized_advantages,
+    opd2_advantages,
+    opd_then_rl_advantages,
+    opd_token_advantages,
+)
+from posttrain.estimators.advantages import sampled_on_support
+from posttrain.estimators.selection import opd_phase, plateau_switch_step
+from posttrain.llm.methods.algorithm import GRPO, Algorithm, ClipOptions, UpdateContext, preset_algorithm
+from posttrain.llm.methods.needs import Need
 from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.typed import Range
 
-__all__ = ["OPD2_NEEDS", "exopd_algorithm", "opd2_algorithm", "opd_then_rl_algorithm"]
+__all__ = [
+    "OPD2_NEEDS",
+    "ExOpdOptions",
+    "Opd2Options",
+    "OpdThenRlOptions",
+    "exopd_algorithm",
+    "opd2_algorithm",
+    "opd_then_rl_algorithm",
+]
 
-OPD2_NEEDS = frozenset({"topk_ids", "topk_logp_old", "topk_logp_teacher", "topk_logp_ref"})
+OPD2_NEEDS = frozenset({Need.TOPK_IDS, Need.TOPK_LOGP_OLD, Need.TOPK_LOGP_TEACHER, Need.TOPK_LOGP_REF})
 """The batch fields OPD² declares besides ``logp_old``."""
 
-SWITCH_RULES = ("plateau",)
 
-
-def _ppo_clip(horizon: int, aggregation: str, clip_low: float, clip_high: float) -> Algorithm:
+def _ppo_clip(horizon: int, aggregation: AggregationMode, o: ClipOptions) -> Algorithm:
     """The GRPO preset with the given aggregation and clip range: the loss every bundle here shares."""
     return preset_algorithm(
         GRPO,
         horizon=horizon,
-        aggregation=aggregation,
-        loss_options={"clip_low": clip_low, "clip_high": clip_high},
+        aggregation=AggregationMode(aggregation).value,
+        loss_options={"clip_low": o.clip_low, "clip_high": o.clip_high},
     )
+
+
+@dataclass(frozen=True)
+class OpdThenRlOptions(ClipOptions):
+    """``algorithm.options`` of ``opd_then_rl``: exactly one of ``switch_step`` (OPD for steps ``1..switch_step``)
+    and ``switch_rule: plateau`` (OPD until `plateau_switch_step` with ``window`` and ``min_gain`` finds a plateau
+    in the validation scores); ``mask_final_token``: no teacher signal on the final ``<eos>``."""
+
+    switch_step: Annotated[int, Range(0, 10**8)] | None = None
+    switch_rule: Literal["plateau"] | None = None
+    window: Annotated[int, Range(1, 10**6)] = 10
+    min_gain: float = 0.005
+    aggregation: AggregationMode = AggregationMode.SEQ_MEAN_TOKEN_MEAN
+    mask_final_token: bool = False
+
+    def check(self) -> None:
+        if (self.switch_step is None) == (self.switch_rule is None):
+            raise DomainError(
+                f"switch_step: give exactly one of switch_step and switch_rule ('plateau'), got "
+                f"{self.switch_step!r}, {self.switch_rule!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ExOpdOptions(ClipOptions):
+    """``algorithm.options`` of ``exopd``: the reward extrapolation ``lam`` (1: OPD for any reference) and ``scale``."""
+
+    lam: float = 1.25
+    scale: Annotated[float, Range(0.0, None, low_open=True)] = 0.1
+    aggregation: AggregationMode = AggregationMode.TOKEN_MEAN
+
+
+@dataclass(frozen=True)
+class Opd2Options(ClipOptions):
+    """``algorithm.options`` of ``opd2`` (docs: methods/opd2.md defaults; ``use_delta``/``center``/``condition``
+    are the paper's ablations)."""
+
+    scale: Annotated[float, Range(0.0, None, low_open=True)] = 0.1
+    bias: float = 0.0
+    use_delta: bool = True
+    center: bool = True
+    condition: bool = True
+    aggregation: AggregationMode = AggregationMode.TOKEN_MEAN
 
 
 Hook = Callable[[RolloutBatch, Any, UpdateContext], tuple[RolloutBatch, Any, dict[str, Tensor]]]
@@ -83,43 +142,21 @@ def _phase_metric(teacher: bool) -> Hook:
     return hook
 
 
-def opd_then_rl_algorithm(
-    horizon: int,
-    *,
-    switch_step: int | None = None,
-    switch_rule: str | None = None,
-    window: int = 10,
-    min_gain: float = 0.005,
-    aggregation: str = "seq-mean-token-mean",
-    mask_final_token: bool = False,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-) -> Algorithm:
-    """The OPD-then-RL bundle: OPD, then GRPO from the switch on (``algorithm.options``).
-
-    Give exactly one of ``switch_step`` (OPD for steps ``1..switch_step``) and ``switch_rule="plateau"``
-    (OPD until `plateau_switch_step` with ``window`` and
-    ``min_gain`` finds a plateau in the validation scores so far; then GRPO for good).
+def opd_then_rl_algorithm(horizon: int, options: OpdThenRlOptions) -> Algorithm:
+    """The OPD-then-RL bundle: OPD, then GRPO from the switch on (options: `OpdThenRlOptions`).
 
     Examples:
-        >>> alg = opd_then_rl_algorithm(8, switch_step=2)
-        >>> sorted(alg.at(2).needs), sorted(alg.at(3).needs)
+        >>> alg = opd_then_rl_algorithm(8, OpdThenRlOptions(switch_step=2))
+        >>> sorted(map(str, alg.at(2).needs)), sorted(map(str, alg.at(3).needs))
         (['logp_old', 'logp_teacher'], ['logp_old'])
-        >>> rule = opd_then_rl_algorithm(8, switch_rule="plateau", window=1, min_gain=0.05)
-        >>> [sorted(rule.at(9, scores).needs) for scores in ((0.1, 0.3), (0.1, 0.3, 0.31))]
+        >>> rule = opd_then_rl_algorithm(8, OpdThenRlOptions(switch_rule="plateau", window=1, min_gain=0.05))
+        >>> [sorted(map(str, rule.at(9, scores).needs)) for scores in ((0.1, 0.3), (0.1, 0.3, 0.31))]
         [['logp_old', 'logp_teacher'], ['logp_old']]
     """
-    if (switch_step is None) == (switch_rule is None):
-        raise DomainError(
-            f"switch_step, switch_rule: give exactly one (a step, or one of {SWITCH_RULES}), got {switch_step!r}, {switch_rule!r}"
-        )
-    if switch_rule is not None and switch_rule not in SWITCH_RULES:
-        raise DomainError(f"switch_rule: expected one of {SWITCH_RULES}, got {switch_rule!r}")
-    if switch_step is not None and int(switch_step) < 0:
-        raise DomainError(f"switch_step: expected an integer >= 0, got {switch_step!r}")
-    if switch_rule is not None:
-        plateau_switch_step(torch.zeros(0, dtype=torch.float64), window=window, min_gain=min_gain)  # checks window
-    grpo = _ppo_clip(horizon, aggregation, clip_low, clip_high)
+    switch_step, window, min_gain, mask_final_token = (
+        options.switch_step, options.window, options.min_gain, options.mask_final_token
+    )  # fmt: skip
+    grpo = _ppo_clip(horizon, options.aggregation, options)
 
     def last_opd_step(step: int, scores: tuple[float, ...]) -> int:
         """``switch_step``, or for the rule ``step`` (still OPD) / ``step - 1`` (switched): the phase is all that matters."""
@@ -146,68 +183,49 @@ def opd_then_rl_algorithm(
                 switch_step=switch,
             )
 
-        needs = grpo.needs | ({"logp_teacher"} if teacher else set())
+        needs = grpo.needs | ({Need.LOGP_TEACHER} if teacher else set())
         return dataclasses.replace(grpo, advantage=advantage, needs=needs, before_update=_phase_metric(teacher))
 
-    union = grpo.needs | ({"logp_teacher"} if switch_step is None or switch_step > 0 else set())
+    union = grpo.needs | ({Need.LOGP_TEACHER} if switch_step is None or switch_step > 0 else set())
     return dataclasses.replace(at(1), needs=union, schedule=at)
 
 
-def exopd_algorithm(
-    horizon: int,
-    *,
-    lam: float = 1.25,
-    scale: float = 0.1,
-    aggregation: str = "token-mean",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-) -> Algorithm:
-    """The ExOPD bundle (``lam`` = 1.25 and ``scale`` = 0.1 as in the paper (docs: methods/opd2.md); ``lam`` = 1 is OPD for any reference).
+def exopd_algorithm(horizon: int, options: ExOpdOptions | None = None) -> Algorithm:
+    """The ExOPD bundle (``lam`` = 1.25 and ``scale`` = 0.1 as in the paper (docs: methods/opd2.md); options:
+    `ExOpdOptions`).
 
     Examples:
-        >>> sorted(exopd_algorithm(8).needs)
+        >>> sorted(map(str, exopd_algorithm(8).needs))
         ['logp_old', 'logp_ref', 'logp_teacher']
     """
-    base = _ppo_clip(horizon, aggregation, clip_low, clip_high)
+    o = options or ExOpdOptions()
+    lam, scale = o.lam, o.scale
+    base = _ppo_clip(horizon, o.aggregation, o)
 
     def advantage(batch: RolloutBatch) -> Tensor:
         assert batch.logp_old is not None and batch.logp_teacher is not None and batch.logp_ref is not None
         return exopd_advantages(batch.logp_old, batch.logp_teacher, batch.logp_ref, batch.mask, lam=lam, scale=scale)
 
-    return dataclasses.replace(base, advantage=advantage, needs=base.needs | {"logp_teacher", "logp_ref"})
+    return dataclasses.replace(base, advantage=advantage, needs=base.needs | {Need.LOGP_TEACHER, Need.LOGP_REF})
 
 
-def opd2_algorithm(
-    horizon: int,
-    *,
-    scale: float = 0.1,
-    bias: float = 0.0,
-    use_delta: bool = True,
-    center: bool = True,
-    condition: bool = True,
-    aggregation: str = "token-mean",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-) -> Algorithm:
-    """The OPD² bundle (docs: methods/opd2.md defaults; ``use_delta``/``center``/``condition`` are the paper's ablations).
+def opd2_algorithm(horizon: int, options: Opd2Options | None = None) -> Algorithm:
+    """The OPD² bundle (options: `Opd2Options`).
 
     Examples:
-        >>> sorted(opd2_algorithm(8).needs)
+        >>> sorted(map(str, opd2_algorithm(8).needs))
         ['logp_old', 'topk_ids', 'topk_logp_old', 'topk_logp_ref', 'topk_logp_teacher']
     """
-    base = _ppo_clip(horizon, aggregation, clip_low, clip_high)
-    options: dict[str, Any] = {
-        "scale": scale,
-        "bias": bias,
-        "use_delta": use_delta,
-        "center": center,
-        "condition": condition,
-    }
+    o = options or Opd2Options()
+    base = _ppo_clip(horizon, o.aggregation, o)
+    advantage_options: dict[str, Any] = {
+        "scale": o.scale, "bias": o.bias, "use_delta": o.use_delta, "center": o.center, "condition": o.condition
+    }  # fmt: skip
 
     def advantage(batch: RolloutBatch) -> Tensor:
         ids, ls_k, lt_k, lb_k = batch.topk_ids, batch.topk_logp_old, batch.topk_logp_teacher, batch.topk_logp_ref
         assert ids is not None and ls_k is not None and lt_k is not None and lb_k is not None  # declared in `needs`
         ls, lt, lb = (sampled_on_support(x, ids, batch.response_ids, batch.mask) for x in (ls_k, lt_k, lb_k))
-        return opd2_advantages(ls, lt, lb, ls_k, lt_k, lb_k, batch.mask, **options)
+        return opd2_advantages(ls, lt, lb, ls_k, lt_k, lb_k, batch.mask, **advantage_options)
 
     return dataclasses.replace(base, advantage=advantage, needs=base.needs | OPD2_NEEDS)

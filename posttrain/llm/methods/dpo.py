@@ -1,6 +1,6 @@
 r"""DPO on a causal LM: labelled pairs (prompt, chosen, rejected) as token batches, and their loss.
 
-The loss is `posttrain.estimators.dpo.dpo_loss` applied to *sequence* log-probs
+The loss is `posttrain.estimators.losses.preference.dpo_loss` applied to *sequence* log-probs
 $\ell(y|x) = \sum_t \log\pi(y_t|x, y_{<t})$ over the response tokens (temperature 1) of the
 policy and of a frozen reference (Rafailov et al. 2023, arXiv:2305.18290):
 
@@ -17,27 +17,27 @@ The training loop is `posttrain.llm.train.dpo`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.dpo import DPODiagnostics, dpo_loss
+from posttrain.estimators import DPODiagnostics, dpo_loss
 from posttrain.llm.methods.pairs import PreferencePair
 from posttrain.llm.rollout.engine import left_pad
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.text import encode_prompts, right_pad
+from posttrain.llm.typed import Checked, Range
 
 __all__ = ["DpoConfig", "PairBatch", "dpo_pair_loss", "encode_pairs", "sequence_logprobs"]
 
 
 @dataclass(frozen=True)
-class DpoConfig:
+class DpoConfig(Checked):
     """``posttrain dpo``: DPO on the labelled pairs of a JSONL file, ``optim.steps`` steps of ``batch_size`` pairs.
 
     The policy is ``model.path`` (null: the ``initial/`` model beside the pairs file, which
@@ -50,26 +50,19 @@ class DpoConfig:
     """The training pairs (JSONL: ``prompt``, ``chosen``, ``rejected`` per line)."""
     eval_pairs: str | None = None
     """Held-out labelled pairs whose DPO loss and implicit-reward accuracy are logged every ``logging.eval_every`` steps."""
-    beta: float = 0.1
+    beta: Annotated[float, Range(0.0, None, low_open=True)] = 0.1
     """KL strength / DPO temperature."""
-    label_smoothing: float = 0.0
+    label_smoothing: Annotated[float, Range(0.0, 0.5, high_open=True)] = 0.0
     """Flip probability epsilon in [0, 0.5) of conservative DPO (0: plain DPO)."""
-    batch_size: int = 16
+    batch_size: Annotated[int, Range(1, 1 << 16)] = 16
     """Pairs per optimizer step (drawn in reshuffled epochs over the file)."""
-    micro_batch_size: int | None = None
-    """Pairs per forward (gradients accumulated; null: the whole batch)."""
+    micro_batch_size: Annotated[int, Range(1, 1 << 16)] | None = None
+    """Pairs per forward (gradients accumulated; null: the whole batch). The files are read when the command starts."""
 
-    def check(self, where: str = "dpo") -> None:
-        """Ranges; errors name the key (``dpo.beta``, ...). The files are read when the command starts."""
-        if not (self.beta > 0 and math.isfinite(self.beta)):
-            raise DomainError(f"{where}.beta: expected a number > 0, got {self.beta!r}")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise DomainError(f"{where}.label_smoothing: expected a value in [0, 0.5), got {self.label_smoothing!r}")
-        if self.batch_size < 1:
-            raise DomainError(f"{where}.batch_size: expected an integer >= 1, got {self.batch_size!r}")
+    def check(self) -> None:
         mb = self.micro_batch_size
-        if mb is not None and not 1 <= mb <= self.batch_size:
-            raise DomainError(f"{where}.micro_batch_size: expected 1..batch_size={self.batch_size} or null, got {mb!r}")
+        if mb is not None and mb > self.batch_size:
+            raise DomainError(f"micro_batch_size: expected 1..batch_size={self.batch_size} or null, got {mb!r}")
 
 
 @dataclass(frozen=True)

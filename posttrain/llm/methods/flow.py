@@ -3,26 +3,25 @@ r"""GFlowRL as an `Algorithm` bundle for the LLM trainer (docs: methods/gflowrl.
 The trainer fills ``logp_ref`` (a reference forward) before the advantages, then calls the
 bundle's ``advantage`` on the **whole** rollout batch: that is where the per-prompt statistics
 are computed (the in-batch log-partition and the clipped flow gaps of
-`posttrain.estimators.gflowrl.flow_gap`), once, before any micro-batching. The clipped gap
+`posttrain.estimators.losses.flow.flow_gap`), once, before any micro-batching. The clipped gap
 is stored in the batch's advantage slot (constant over a response, so advantage logs show flow
 gaps). The per-token loss reads it back per row and applies
-`posttrain.estimators.gflowrl.gflowrl_loss` with the precomputed gap (IS weight and
+`posttrain.estimators.losses.flow.gflowrl_loss` with the precomputed gap (IS weight and
 residual only depend on the row), so any split into micro-batches gives the same gradient.
 Aggregation is ``seq-mean-token-sum`` (the mean over sequences of the per-sequence loss, Eq. 8).
 No KL term (the reference enters through the gap) and no entropy bonus, as in the paper.
 
-Selected in YAML as ``algorithm.method: gflowrl`` (registered as a
-`MethodBundle`; ``algorithm.options`` are this factory's keyword
-options); the trainer then builds the reference filler because the bundle declares ``logp_ref``.
+Selected in YAML as ``algorithm.method: gflowrl`` (registered as a `MethodBundle`; ``algorithm.options``:
+`GFlowRLOptions`); the trainer then builds the reference filler because the bundle declares ``logp_ref``.
 
 FlowRL, the baseline with a **learned** log-partition (``algorithm.method: flowrl``,
 `flowrl_algorithm`): $\log Z_\phi(x)$ is a small MLP (`LogPartitionMLP`) over the mean
 of the prompt's last hidden states, owned by the bundle (``Algorithm.modules``: the trainer optimises it
 as a second parameter group, averages its gradients over ranks and checkpoints it). The features are a
-no-grad batch field ``prompt_features [B, H]`` filled once per rollout by `prompt_feature_filler`
-(one forward over the prompts with the behaviour policy); the z-scored rewards are computed over whole
-groups in ``advantage`` and stored in the advantage slot; the loss is
-`posttrain.estimators.gflowrl.flowrl_loss` per row. Before every update the bundle's hook logs
+no-grad batch field ``prompt_features [B, H]`` filled once per rollout by
+`posttrain.llm.methods.needs.prompt_feature_filler` (one forward over the prompts with the behaviour
+policy); the z-scored rewards are computed over whole groups in ``advantage`` and stored in the advantage slot; the loss is
+`posttrain.estimators.losses.flow.flowrl_loss` per row. Before every update the bundle's hook logs
 ``flowrl/log_z`` (mean learned log Z over the prompts), ``flowrl/log_z_target`` (mean of the log Z that
 minimises the loss at the rollout policy, `flowrl_optimal_log_z`) and
 ``flowrl/log_z_gap`` (mean absolute difference per prompt): a log Z that learns closes the gap. Simplifications vs FlowRL (arXiv:2509.15207):
@@ -33,8 +32,8 @@ unless moved (``build_trainer`` moves it to the policy's device; ``log Z`` is ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Annotated, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -43,30 +42,31 @@ from posttrain.errors import DomainError
 from posttrain.estimators import (
     AggregationMode,
     broadcast_sequence_advantages,
-    group_normalized_advantages,
-    masked_mean,
-)
-from posttrain.estimators.gflowrl import (
-    FlowGap,
-    LengthNorm,
-    _check_flowrl_options,
     flow_gap,
     flowrl_loss,
     flowrl_optimal_log_z,
     gflowrl_loss,
+    group_normalized_advantages,
+    masked_mean,
 )
+from posttrain.estimators.losses import FlowGap, LengthNorm
+from posttrain.estimators.losses.flow import _check_flowrl_options
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
+from posttrain.llm.methods.needs import Need
 from posttrain.llm.rollout.batch import RolloutBatch
-from posttrain.llm.rollout.logprobs import position_ids, widened
+from posttrain.llm.typed import Checked, Range
 
 __all__ = [
+    "FlowRLOptions",
     "FlowRLStats",
+    "GFlowRLOptions",
     "GFlowRLStats",
     "LogPartitionMLP",
     "flowrl_algorithm",
     "gflowrl_algorithm",
-    "prompt_feature_filler",
 ]
+
+_POSITIVE = Range(0.0, None, low_open=True)
 
 
 class GFlowRLStats(NamedTuple):
@@ -80,17 +80,21 @@ class GFlowRLStats(NamedTuple):
     """Mean sequence IS weight (1 on the first update of a batch)."""
 
 
-def gflowrl_algorithm(
-    horizon: int,
-    *,
-    beta: float = 8.0,
-    variant: LengthNorm | str = LengthNorm.PAPER,
-    max_up: float = 0.2,
-    max_down: float = 0.28,
-    is_cap: float = 2.0,
-) -> Algorithm:
-    """The GFlowRL bundle (defaults: the paper's beta = 8, Eq. 7 bounds, IS cap 2, ``paper`` length variant)."""
-    v = LengthNorm.parse(variant)
+@dataclass(frozen=True)
+class GFlowRLOptions(Checked):
+    """``algorithm.options`` of ``gflowrl`` (the paper's beta = 8, Eq. 7 clip bounds, IS cap 2, ``paper`` variant)."""
+
+    beta: Annotated[float, _POSITIVE] = 8.0
+    variant: LengthNorm = LengthNorm.PAPER
+    max_up: Annotated[float, Range(0.0)] = 0.2
+    max_down: Annotated[float, Range(0.0)] = 0.28
+    is_cap: Annotated[float, _POSITIVE] = 2.0
+
+
+def gflowrl_algorithm(horizon: int, options: GFlowRLOptions | None = None) -> Algorithm:
+    """The GFlowRL bundle (options: `GFlowRLOptions`)."""
+    o = options or GFlowRLOptions()
+    beta, v, max_up, max_down, is_cap = o.beta, LengthNorm.parse(o.variant), o.max_up, o.max_down, o.is_cap
 
     def advantage(batch: RolloutBatch) -> Tensor:
         assert batch.logp_old is not None and batch.logp_ref is not None  # declared in `needs`
@@ -117,7 +121,7 @@ def gflowrl_algorithm(
         policy_loss=policy_loss,
         aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
         horizon=int(horizon),
-        needs=frozenset({"logp_old", "logp_ref"}),
+        needs=frozenset({Need.LOGP_OLD, Need.LOGP_REF}),
     )
 
 
@@ -182,23 +186,6 @@ class LogPartitionMLP(nn.Module):
         return self.net(features).squeeze(-1)  # type: ignore[no-any-return]
 
 
-def prompt_feature_filler(model: Any) -> Callable[[RolloutBatch], Tensor]:
-    """The ``prompt_features`` filler: mean of the policy's last hidden states over each prompt's real tokens.
-
-    ``[B, H]`` (float32 at least), computed without gradient by one forward over the left-padded prompts.
-    """
-
-    def fill(batch: RolloutBatch) -> Tensor:
-        attn = batch.prompt_mask.long()
-        with torch.no_grad():  # logits_to_keep=1: no [B, P, V] logits, only the hidden states are used
-            out = model(input_ids=batch.prompt_ids, attention_mask=attn, position_ids=position_ids(attn),
-                        output_hidden_states=True, use_cache=False, logits_to_keep=1)  # fmt: skip
-            hidden = widened(out.hidden_states[-1])
-            return masked_mean(hidden, batch.prompt_mask.unsqueeze(-1), dim=1)
-
-    return fill
-
-
 class FlowRLStats(NamedTuple):
     """0-d diagnostics of the loss (``pg/<name>`` in the trainer's update statistics)."""
 
@@ -210,12 +197,22 @@ class FlowRLStats(NamedTuple):
     """Fraction of responses whose IS weight is clipped."""
 
 
-def flowrl_algorithm(
-    horizon: int, *, beta: float = 15.0, clip: float = 0.2, width: int = 64, seed: int = 0
-) -> Algorithm:
-    """The FlowRL bundle (FlowRL's beta = 15 on z-scored rewards, IS clip 0.2) with its log-partition MLP."""
-    beta, clip = _check_flowrl_options(beta, clip)  # at the config edge, not at the first loss
-    log_z_net = LogPartitionMLP(width=width, seed=seed)
+@dataclass(frozen=True)
+class FlowRLOptions(Checked):
+    """``algorithm.options`` of ``flowrl``: FlowRL's beta = 15 on z-scored rewards, IS clip 0.2; the log-partition
+    MLP's width and the seed of its initialisation."""
+
+    beta: Annotated[float, _POSITIVE] = 15.0
+    clip: Annotated[float, Range(0.0, 1.0, low_open=True, high_open=True)] = 0.2
+    width: Annotated[int, Range(1, 1 << 16)] = 64
+    seed: Annotated[int, Range(0, 2**63 - 1)] = 0
+
+
+def flowrl_algorithm(horizon: int, options: FlowRLOptions | None = None) -> Algorithm:
+    """The FlowRL bundle (options: `FlowRLOptions`) with its log-partition MLP."""
+    o = options or FlowRLOptions()
+    beta, clip = _check_flowrl_options(o.beta, o.clip)
+    log_z_net = LogPartitionMLP(width=o.width, seed=o.seed)
 
     def _log_z(features: Tensor, like: Tensor) -> Tensor:  # the MLP where it lives, log Z where the loss is
         param = next(log_z_net.net[-1].parameters())
@@ -255,8 +252,8 @@ def flowrl_algorithm(
         policy_loss=policy_loss,
         aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
         horizon=int(horizon),
-        needs=frozenset({"logp_old", "logp_ref", "prompt_features"}),
-        loss_needs=("logp_ref", "prompt_features"),
+        needs=frozenset({Need.LOGP_OLD, Need.LOGP_REF, Need.PROMPT_FEATURES}),
+        loss_needs=(Need.LOGP_REF, Need.PROMPT_FEATURES),
         before_update=log_partition_metrics,
         modules=(log_z_net,),
     )

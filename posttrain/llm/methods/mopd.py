@@ -43,35 +43,33 @@ the ``[B, T, V]`` log-softmax of a micro-batch at once. Reference: Gao et al. 20
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, masked_mean, token_entropy, zero_off_mask
-from posttrain.estimators.distill import topk_reverse_kl_reward
-from posttrain.estimators.losses import _check_clip
-from posttrain.estimators.mopd import (
+from posttrain.estimators import AggregationMode, masked_mean, token_entropy, topk_reverse_kl_reward, zero_off_mask
+from posttrain.estimators.losses import topk_distill_loss
+from posttrain.estimators.weights import (
     domain_gap_magnitudes,
     domain_token_counts,
     mopd_domain_weights,
     refreshed_reward,
-    topk_distill_loss,
 )
-from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
+from posttrain.llm.methods.algorithm import Algorithm, ClipOptions, UpdateContext
+from posttrain.llm.methods.needs import Need
 from posttrain.llm.methods.topk import StudentTopK, on_support, support_ids
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import vocab_log_softmax
+from posttrain.llm.typed import Range
 
-__all__ = ["OPEN_MOPD_NEEDS", "mopd_policy_loss", "open_mopd_algorithm", "topk_forward"]
+__all__ = ["OPEN_MOPD_NEEDS", "OpenMopdOptions", "mopd_policy_loss", "open_mopd_algorithm", "topk_forward"]
 
-OPEN_MOPD_NEEDS = frozenset({"logp_old", "topk_ids", "topk_logp_old", "topk_logp_teacher"})
+OPEN_MOPD_NEEDS = frozenset({Need.LOGP_OLD, Need.TOPK_IDS, Need.TOPK_LOGP_OLD, Need.TOPK_LOGP_TEACHER})
 """The batch fields Open-MOPD declares (the routed teacher's top-K log-probs among them)."""
-
-GAP_REFERENCES = ("mean", "share_weighted")
 
 
 def topk_forward(
@@ -116,57 +114,46 @@ MopdState = tuple[Tensor, Tensor]
 """``(w [B] float64 row weights, A [B, T, K] rollout-time weighted advantages)`` of the current rollout batch."""
 
 
-def _check_options(targets: Any, gap_alpha: Any, gap_reference: Any) -> Tensor | None:
-    """The targets as a float64 tensor (None: equal); raises `DomainError` naming the option."""
-    if gap_reference not in GAP_REFERENCES:
-        raise DomainError(f"algorithm.options.gap_reference: expected one of {GAP_REFERENCES}, got {gap_reference!r}")
-    if gap_alpha is not None and (isinstance(gap_alpha, bool) or not isinstance(gap_alpha, int | float)
-                                  or not math.isfinite(gap_alpha) or gap_alpha < 0):  # fmt: skip
-        raise DomainError(f"algorithm.options.gap_alpha: expected a number >= 0 or null, got {gap_alpha!r}")
-    if targets is None:
-        return None
-    ok = isinstance(targets, list | tuple) and len(targets) > 0
-    ok = ok and all(
-        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in targets
-    )
-    if not ok or not sum(targets) > 0:
-        raise DomainError(
-            f"algorithm.options.targets: expected a list of non-negative token-share ratios in the task's domain "
-            f"order, not all 0, got {targets!r}"
-        )
-    return torch.tensor([float(x) for x in targets], dtype=torch.float64)
+@dataclass(frozen=True)
+class OpenMopdOptions(ClipOptions):
+    """``algorithm.options`` of ``open_mopd`` (the paper's defaults).
 
-
-def open_mopd_algorithm(
-    horizon: int,
-    *,
-    balance: bool = True,
-    targets: list[float] | None = None,
-    gap_alpha: float | None = 1.0,
-    gap_reference: str = "mean",
-    refresh: bool = True,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    dual_clip: float | None = 3.0,
-) -> Algorithm:
-    """The Open-MOPD bundle (``algorithm.options``: the paper's defaults).
-
-    Args:
-        horizon: ``rollout.max_new_tokens`` (unused by the token-mean aggregation).
+    Attributes:
         balance: token-share and gap-following weights; False is naive multi-teacher OPD (weights 1).
         targets: token-share target ratios in the task's domain order (null: equal, the paper's 1/3 each).
         gap_alpha: $\\alpha$ of the gap factor; null: token-share only.
         gap_reference: ``mean`` (the paper's plain mean over domains) or ``share_weighted`` (the released code).
         refresh: recompute the reward from the current student before every later update of a batch.
         clip_low, clip_high, dual_clip: the dual-clip PPO range.
+    """
+
+    clip_high: Annotated[float, Range(0.0, None, low_open=True)] = 0.28
+    dual_clip: Annotated[float, Range(1.0, None, low_open=True)] | None = 3.0
+    balance: bool = True
+    targets: list[Annotated[float, Range(0.0)]] | None = None
+    gap_alpha: Annotated[float, Range(0.0)] | None = 1.0
+    gap_reference: Literal["mean", "share_weighted"] = "mean"
+    refresh: bool = True
+
+    def check(self) -> None:
+        if self.targets is not None and not (len(self.targets) > 0 and sum(self.targets) > 0):
+            raise DomainError(
+                f"targets: expected non-negative token-share ratios in the task's domain order, not all 0, "
+                f"got {self.targets!r}"
+            )
+
+
+def open_mopd_algorithm(horizon: int, options: OpenMopdOptions | None = None) -> Algorithm:
+    """The Open-MOPD bundle (options: `OpenMopdOptions`); ``horizon`` is unused by the token-mean aggregation.
 
     Examples:
-        >>> sorted(open_mopd_algorithm(8).needs)
+        >>> sorted(map(str, open_mopd_algorithm(8).needs))
         ['logp_old', 'topk_ids', 'topk_logp_old', 'topk_logp_teacher']
     """
-    target = _check_options(targets, gap_alpha, gap_reference)
-    loss = functools.partial(mopd_policy_loss, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-    _check_clip(clip_low, clip_high, dual_clip)  # a bad clip range fails at load
+    o = options or OpenMopdOptions()
+    balance, gap_alpha, gap_reference, refresh = o.balance, o.gap_alpha, o.gap_reference, o.refresh
+    target = None if o.targets is None else torch.tensor([float(x) for x in o.targets], dtype=torch.float64)
+    loss = functools.partial(mopd_policy_loss, clip_low=o.clip_low, clip_high=o.clip_high, dual_clip=o.dual_clip)
 
     def domain_of(batch: RolloutBatch) -> Tensor:
         if batch.domain is not None:
@@ -236,7 +223,7 @@ def open_mopd_algorithm(
         aggregation=AggregationMode.TOKEN_MEAN,
         horizon=int(horizon),
         needs=OPEN_MOPD_NEEDS,
-        loss_needs=("topk_logp_old", "topk_advantages"),
+        loss_needs=(Need.TOPK_LOGP_OLD, Need.TOPK_ADVANTAGES),
         before_update=hook,
         forward=topk_forward,
     )

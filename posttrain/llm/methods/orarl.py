@@ -5,7 +5,7 @@ r"""OraRL in the LLM trainer (docs: methods/orarl.md): the task's reference solu
 group (``synthetic``), scores it with the same reward and recomputes ``logp_old`` of every row with
 the policy. This bundle then, per group of n sampled rows and the oracle (``rollout.group_size = n + 1``):
 
-- advantages (`orarl_batch_advantages`): `posttrain.estimators.orarl.orarl_advantages` on the
+- advantages (`orarl_batch_advantages`): `posttrain.estimators.advantages.oracle.orarl_advantages` on the
   ``[G, n]`` sampled rewards and the ``[G]`` oracle rewards: policy-only raw-centred baseline,
   directional gain on positive rows, detached capped oracle advantage, sign-balanced selection of
   $K = \lfloor n(1-p)\rfloor$ rows (oracle + ``q_pos`` positives + ``q_neg`` negatives) and the
@@ -32,18 +32,28 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import broadcast_sequence_advantages
-from posttrain.estimators.orarl import OracleMode, OraRLAdvantages, orarl_advantages
+from posttrain.estimators import broadcast_sequence_advantages, orarl_advantages
+from posttrain.estimators.advantages import OracleMode, OraRLAdvantages
 from posttrain.llm.methods.algorithm import Algorithm, MethodPreset, UpdateContext, preset_algorithm
+from posttrain.llm.methods.needs import Need
 from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.typed import Checked, Range
 
-__all__ = ["kept_rows", "orarl_algorithm", "orarl_batch_advantages", "orarl_keep_hook", "orarl_pipeline"]
+__all__ = [
+    "OraRLOptions",
+    "kept_rows",
+    "orarl_algorithm",
+    "orarl_batch_advantages",
+    "orarl_keep_hook",
+    "orarl_pipeline",
+]
 
 _LOSS = MethodPreset("grpo", "ppo_clip", "token-mean")
 """The paper's update: PPO-clip 0.2 / 0.2 on every kept row, token mean over the mini-batch, no KL."""
@@ -100,41 +110,35 @@ def orarl_keep_hook(
     return hook
 
 
-def orarl_algorithm(
-    horizon: int,
-    *,
-    group_size: int | None = None,
-    prune_ratio: float | None = 0.5,
-    q_pos: int = 1,
-    q_neg: int = 2,
-    gamma: float = 0.25,
-    oracle_mode: str = "detached",
-    rms_match: bool = True,
-) -> Algorithm:
-    """The OraRL bundle (``algorithm.method: orarl``; ``rollout.group_size`` = n samples + the oracle).
+@dataclass(frozen=True)
+class OraRLOptions(Checked):
+    """``algorithm.options`` of ``orarl`` (the released recipe's defaults).
 
-    Options (the released recipe's defaults): ``prune_ratio`` p (``null``: every row kept, no
-    selection or correction: the "no pruning" ablation), ``q_pos`` / ``q_neg`` (kept positive /
-    negative sampled rows; ``q_pos + q_neg + 1 = floor(n (1 - p))``), ``gamma`` (directional-gain
-    exponent; 0 disables it), ``oracle_mode`` (``detached``, or ``gap``: the "w/o detached oracle"
-    ablation), ``rms_match`` (the post-selection RMS step).
+    ``prune_ratio`` p (null: every row kept, no selection or correction: the "no pruning" ablation),
+    ``q_pos`` / ``q_neg`` (kept positive / negative sampled rows; ``q_pos + q_neg + 1 = floor(n (1 - p))``),
+    ``gamma`` (directional-gain exponent; 0 disables it), ``oracle_mode`` (``detached``, or ``gap``: the
+    "w/o detached oracle" ablation), ``rms_match`` (the post-selection RMS step).
     """
+
+    prune_ratio: Annotated[float, Range(0.0, 1.0, high_open=True)] | None = 0.5
+    q_pos: Annotated[int, Range(0, 1 << 16)] = 1
+    q_neg: Annotated[int, Range(0, 1 << 16)] = 2
+    gamma: Annotated[float, Range(0.0)] = 0.25
+    oracle_mode: OracleMode = OracleMode.DETACHED
+    rms_match: bool = True
+
+
+def orarl_algorithm(horizon: int, options: OraRLOptions | None = None, *, group_size: int | None = None) -> Algorithm:
+    """The OraRL bundle (``algorithm.method: orarl``; ``rollout.group_size`` = n samples + the oracle; options:
+    `OraRLOptions`)."""
+    o = options or OraRLOptions()
+    prune_ratio, q_pos, q_neg = o.prune_ratio, o.q_pos, o.q_neg
     where = "algorithm.options"
     if group_size is None or group_size < 2:
         raise DomainError(f"rollout.group_size: OraRL needs n >= 1 samples plus the oracle row, got {group_size!r}")
     n = group_size - 1
-    if not math.isfinite(gamma) or gamma < 0:
-        raise DomainError(f"{where}.gamma: expected a finite number >= 0, got {gamma!r}")
-    modes = [m.value for m in OracleMode]
-    if oracle_mode not in modes:
-        raise DomainError(f"{where}.oracle_mode: unknown name {oracle_mode!r}; valid: {', '.join(modes)}")
-    for name, q in (("q_pos", q_pos), ("q_neg", q_neg)):
-        if q < 0:
-            raise DomainError(f"{where}.{name}: expected an integer >= 0, got {q!r}")
     keep = n + 1
     if prune_ratio is not None:
-        if not 0.0 <= prune_ratio < 1.0:
-            raise DomainError(f"{where}.prune_ratio: expected a number in [0, 1) or null, got {prune_ratio!r}")
         keep = kept_rows(n, prune_ratio)
         if not 2 <= keep <= n + 1:
             raise DomainError(
@@ -146,14 +150,14 @@ def orarl_algorithm(
                 f"{where}.q_pos, {where}.q_neg: expected q_pos + q_neg + 1 = K = floor(n (1 - p)) = {keep} "
                 f"(n = {n}, p = {prune_ratio}), got {q_pos} + {q_neg} + 1"
             )
-    options: dict[str, Any] = dict(
-        gamma=float(gamma), oracle_mode=oracle_mode, prune=prune_ratio is not None, keep=keep,
-        q_pos=int(q_pos), q_neg=int(q_neg), rms_match=bool(rms_match),
+    kwargs: dict[str, Any] = dict(
+        gamma=float(o.gamma), oracle_mode=OracleMode(o.oracle_mode).value, prune=prune_ratio is not None, keep=keep,
+        q_pos=int(q_pos), q_neg=int(q_neg), rms_match=bool(o.rms_match),
     )  # fmt: skip
     base = preset_algorithm(_LOSS, horizon=horizon)
     return dataclasses.replace(
         base,
-        advantage=functools.partial(orarl_batch_advantages, **options),
-        before_update=orarl_keep_hook(**options) if prune_ratio is not None else None,
-        needs=base.needs | {"synthetic"},
+        advantage=functools.partial(orarl_batch_advantages, **kwargs),
+        before_update=orarl_keep_hook(**kwargs) if prune_ratio is not None else None,
+        needs=base.needs | {Need.SYNTHETIC},
     )

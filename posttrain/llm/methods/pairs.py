@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from torch import Tensor
 from posttrain.errors import DomainError
 from posttrain.estimators import zero_off_mask
 from posttrain.llm.rollout.logprobs import position_ids, sampled_logprobs, widened
+from posttrain.llm.typed import Checked, OneOf, Range
 
 __all__ = [
     "DESIGNS",
@@ -53,17 +54,11 @@ __all__ = [
 DESIGNS = ("optimal", "uniform")
 LABELS = ("reward", "none")
 TIES = ("exclude", "keep")
-
-
-def _at_least(where: str, value: int | float | None, low: float, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or value < low or (isinstance(value, float) and not math.isfinite(value)):
-        raise DomainError(f"{where}: expected a number >= {low:g}, got {value!r}")
+_POSITIVE = Range(0.0, None, low_open=True)
 
 
 @dataclass(frozen=True)
-class PairDesignConfig:
+class PairDesignConfig(Checked):
     """``posttrain pairs design``: the pool, its features and the pair design (Han, Goyal, Ma 2026).
 
     The pool is ``prompts`` x ``completions`` samples of the SFT'd policy with the ``rollout``
@@ -71,54 +66,43 @@ class PairDesignConfig:
     (``per_prompt: true``: per prompt) from the design, at most ``max_per_prompt`` of one prompt.
     """
 
-    prompts: int = 16
+    prompts: Annotated[int, Range(1, 1 << 16)] = 16
     """G: prompts in the pool."""
-    completions: int = 8
+    completions: Annotated[int, Range(2, 1 << 12)] = 8
     """K: completions sampled per prompt (all ``C(K, 2)`` within-prompt pairs are candidates)."""
-    n_pairs: int = 32
+    n_pairs: Annotated[int, Range(1, 10**7)] = 32
     """Pairs to draw in total, or per prompt with ``per_prompt``."""
     per_prompt: bool = False
     """Response selection: normalise the design within each prompt and draw ``n_pairs`` per prompt."""
-    max_per_prompt: int | None = None
+    max_per_prompt: Annotated[int, Range(1, 1 << 24)] | None = None
     """Cap on the pairs of one prompt in the global draw (null: no cap)."""
-    design: str = "optimal"
+    design: Annotated[str, OneOf(DESIGNS)] = "optimal"
     """``optimal`` (Frank-Wolfe on the trace criterion) or ``uniform`` (every candidate edge equally: the baseline)."""
-    beta: float = 0.1
+    beta: Annotated[float, _POSITIVE] = 0.1
     """DPO temperature in the edge vectors ``g_e = beta (phi_a - phi_b)`` (use the DPO run's ``dpo.beta``)."""
-    ridge: float = 1e-3
+    ridge: Annotated[float, _POSITIVE] = 1e-3
     """lambda of ``A(q) = lambda I + sum_e q_e g_e g_e^T`` (> 0: the inverse stays defined)."""
-    pca_dim: int | None = 128
+    pca_dim: Annotated[int, Range(1, 1 << 16)] | None = 128
     """PCA dimension after standardising the features (null: keep all; at most the hidden size)."""
     layer: int = -1
     """Hidden-state layer of the features (``-1``: the last, after the final norm)."""
-    max_iter: int = 2000
-    tol: float = 1e-3
+    max_iter: Annotated[int, Range(1, 10**7)] = 2000
+    tol: Annotated[float, _POSITIVE] = 1e-3
     """Frank-Wolfe iteration cap and relative duality-gap tolerance."""
-    label: str = "reward"
+    label: Annotated[str, OneOf(LABELS)] = "reward"
     """``reward``: label each pair by the task's reward; ``none``: write ``completion_a``/``completion_b`` unlabelled."""
-    ties: str = "exclude"
+    ties: Annotated[str, OneOf(TIES)] = "exclude"
     """Pairs with equal rewards: ``exclude`` them from the pairs file (counted in the log) or ``keep`` them (``tie: true``)."""
 
-    def check(self, where: str = "pairs") -> None:
-        """Ranges and names; errors name the key (``pairs.n_pairs``, ...)."""
-        for name, low in (("prompts", 1), ("completions", 2), ("n_pairs", 1), ("max_iter", 1)):
-            _at_least(f"{where}.{name}", getattr(self, name), low)
-        _at_least(f"{where}.pca_dim", self.pca_dim, 1, allow_none=True)
-        _at_least(f"{where}.max_per_prompt", self.max_per_prompt, 1, allow_none=True)
-        for name in ("beta", "ridge", "tol"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise DomainError(f"{where}.{name}: expected a number > 0, got {value!r}")
-        for name, valid in (("design", DESIGNS), ("label", LABELS), ("ties", TIES)):
-            if getattr(self, name) not in valid:
-                raise DomainError(f"{where}.{name}: unknown name {getattr(self, name)!r}; valid: {', '.join(valid)}")
+    def check(self) -> None:
+        """The pair counts against the pool."""
         per = self.completions * (self.completions - 1) // 2
         if self.per_prompt and self.max_per_prompt is not None:
-            raise DomainError(f"{where}.max_per_prompt: per_prompt already fixes the pairs per prompt; set one of them")
+            raise DomainError("max_per_prompt: per_prompt already fixes the pairs per prompt; set one of them")
         cap = per if self.per_prompt else self.prompts * min(per, self.max_per_prompt or per)
         if self.n_pairs > cap:
             raise DomainError(
-                f"{where}.n_pairs: expected <= {cap} ({'per prompt' if self.per_prompt else 'in total'}: "
+                f"n_pairs: expected <= {cap} ({'per prompt' if self.per_prompt else 'in total'}: "
                 f"{self.prompts} prompts x {self.completions} completions, max_per_prompt={self.max_per_prompt}), "
                 f"got {self.n_pairs}"
             )

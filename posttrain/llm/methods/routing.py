@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -58,23 +58,19 @@ from posttrain.estimators import (
     group_normalized_advantages,
     k3_kl,
     masked_mean,
+    opd_token_advantages,
+    self_routing_probabilities,
     zero_off_mask,
 )
-from posttrain.estimators.distill import opd_token_advantages
-from posttrain.estimators.routing import (
-    RECIPES,
-    DeltaMode,
-    Recipe,
-    queue_token_weights,
-    sample_routes,
-    self_routing_probabilities,
-)
-from posttrain.llm.methods.algorithm import Algorithm
+from posttrain.estimators.losses import queue_token_weights
+from posttrain.estimators.selection import RECIPES, DeltaMode, Recipe, sample_routes
+from posttrain.llm.methods.algorithm import Algorithm, ClipOptions, EdgeContext
+from posttrain.llm.methods.needs import Filler, Need
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import left_pad
 from posttrain.llm.rollout.stages import StatelessStage, StepContext
 from posttrain.llm.rollout.tasks import Problem
-from posttrain.llm.rollout.text import encode_prompts
+from posttrain.llm.typed import OneOf, Range
 
 __all__ = [
     "RoutingOptions",
@@ -94,51 +90,37 @@ CONTEXT_FIELDS = ("prompt", "answer", "solution")
 """The fields a ``context_template`` may use."""
 
 
+_POSITIVE = Range(0.0, None, low_open=True)
+
+
 @dataclass(frozen=True)
-class RoutingOptions:
-    """Self-Routing's options (``algorithm.options``); every bad value names its key.
+class RoutingOptions(ClipOptions):
+    """Self-Routing's options (``algorithm.options``).
 
     Attributes:
-        beta_reg: weight of the REG queue's k3 KL to the reference (>= 0).
+        clip_low, clip_high: PPO-clip range of the GRPO and OPSD queues.
+        beta_reg: weight of the REG queue's k3 KL to the reference.
         delta_mode: how the confidence deviation is mapped to [0, 1] (`DeltaMode`).
-        sigma_l, sigma_m, sigma_h: widths of the accuracy memberships (> 0; the paper's 0.18, 0.16, 0.18).
+        sigma_l, sigma_m, sigma_h: widths of the accuracy memberships (the paper's 0.18, 0.16, 0.18).
         context_template: the self-teacher's prompt, a format string over ``{prompt}`` (required),
             ``{answer}`` (the problem's gold answer) and ``{solution}`` (the task's written solution).
-        clip_low, clip_high: PPO-clip range of the GRPO and OPSD queues.
     """
 
-    beta_reg: float = 0.1
-    delta_mode: str = DeltaMode.MINMAX.value
-    sigma_l: float = 0.18
-    sigma_m: float = 0.16
-    sigma_h: float = 0.18
+    beta_reg: Annotated[float, Range(0.0)] = 0.1
+    delta_mode: Annotated[str, OneOf(tuple(m.value for m in DeltaMode))] = DeltaMode.MINMAX.value
+    sigma_l: Annotated[float, _POSITIVE] = 0.18
+    sigma_m: Annotated[float, _POSITIVE] = 0.16
+    sigma_h: Annotated[float, _POSITIVE] = 0.18
     context_template: str = "The correct final answer is {answer}.\n\n{prompt}"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
 
-    def __post_init__(self) -> None:
-        def bad(key: str, want: str) -> DomainError:
-            return DomainError(f"algorithm.options.{key}: expected {want}, got {getattr(self, key)!r}")
-
-        for key in ("beta_reg", "sigma_l", "sigma_m", "sigma_h", "clip_low", "clip_high"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
-                raise bad(key, "a finite number")
-        if self.beta_reg < 0:
-            raise bad("beta_reg", "a number >= 0")
-        for key in ("sigma_l", "sigma_m", "sigma_h", "clip_low", "clip_high"):
-            if getattr(self, key) <= 0:
-                raise bad(key, "a number > 0")
-        if self.delta_mode not in [m.value for m in DeltaMode]:
-            raise bad("delta_mode", f"one of {[m.value for m in DeltaMode]}")
-        if not isinstance(self.context_template, str):
-            raise bad("context_template", "a format string")
+    def check(self) -> None:
+        want = f"a format string with {{prompt}} and fields among {list(CONTEXT_FIELDS)}"
         try:
             names = {f[1] for f in string.Formatter().parse(self.context_template) if f[1] is not None}
         except ValueError as exc:
-            raise bad("context_template", f"a format string ({exc})") from None
+            raise DomainError(f"context_template: expected {want} ({exc}), got {self.context_template!r}") from None
         if "prompt" not in names or not names <= set(CONTEXT_FIELDS):
-            raise bad("context_template", f"a format string with {{prompt}} and fields among {list(CONTEXT_FIELDS)}")
+            raise DomainError(f"context_template: expected {want}, got {self.context_template!r}")
 
 
 _DEFAULT = RoutingOptions()
@@ -281,9 +263,11 @@ def queue_filler(
             if batch.context_ids is None or batch.context_mask is None:
                 raise DomainError("context_ids: expected the self-teacher contexts (RoutingStage) before its forward")
             p_ids, p_mask = batch.context_ids[idx], batch.context_mask[idx]
+        k = batch.group_size  # whole groups (a prompt's route is its rows'): each prompt computed once
+        whole = idx.numel() % k == 0 and bool((idx.reshape(-1, k) // k == idx[::k, None] // k).all())
         sub = RolloutBatch(
             prompt_ids=p_ids, prompt_mask=p_mask, response_ids=batch.response_ids[idx], mask=batch.mask[idx],
-            rewards=batch.rewards[idx], group_size=1,
+            rewards=batch.rewards[idx], group_size=k if whole else 1,
         )  # fmt: skip
         values = fill(sub)
         out = torch.zeros(batch.mask.shape, dtype=values.dtype, device=values.device)
@@ -293,57 +277,40 @@ def queue_filler(
     return filler
 
 
-def _route_unset(batch: RolloutBatch) -> Tensor:
-    raise DomainError("route: set by the RoutingStage of the run (posttrain.llm.run), found unset")
+def routing_edge(options: RoutingOptions) -> Callable[[EdgeContext], tuple[tuple[Any, ...], dict[Need, Filler]]]:
+    """The run pieces of the routed method (``Algorithm.edge``): ``((router stage,), queue-only fillers)``.
 
-
-def routing_edge(
-    cfg: Any, tokenizer: Any, task: Any, fillers: Mapping[str, Callable[[RolloutBatch], Tensor]]
-) -> tuple[tuple[RoutingStage], dict[str, Callable[[RolloutBatch], Tensor]]]:
-    """The run's pieces of a routed method: ``((router stage,), queue-only fillers)``.
-
-    ``fillers`` are the run's plain ones: ``logp_ref`` (the frozen reference) and, with ``model.teacher``,
-    ``logp_teacher``; the self-teacher is the teacher if set, else the reference.
+    The plain fillers of the run are ``logp_ref`` (the frozen reference) and, with ``model.teacher``,
+    ``logp_teacher``; the self-teacher is the teacher if set, else the reference. The REG queue's reference
+    forward and the OPSD queue's self-teacher forward (under each group's privileged context) run on their
+    queue's rows only (`queue_filler`).
     """
-    options = RoutingOptions(**cfg.algorithm.options)
-    rng = random.Random(cfg.seed)
 
-    def encode(texts: list[str]) -> list[list[int]]:
-        return encode_prompts(tokenizer, texts, chat_template=cfg.model.chat_template, system=cfg.model.system_prompt)
+    def edge(ctx: EdgeContext) -> tuple[tuple[Any, ...], dict[Need, Filler]]:
+        rng = random.Random(ctx.seed)
 
-    def solution(problem: Problem) -> str:
-        return str(task.solution(problem, rng))
+        def solution(problem: Problem) -> str:
+            return str(ctx.task.solution(problem, rng))
 
-    contexts = teacher_contexts(encode, options.context_template, solution)
-    teacher = fillers.get("logp_teacher", fillers["logp_ref"])
-    routed = {
-        "route": _route_unset,
-        "logp_ref": queue_filler(fillers["logp_ref"], Recipe.REG),
-        "logp_teacher": queue_filler(teacher, Recipe.OPSD, in_context=True),
-    }
-    return (RoutingStage(options, contexts, pad_id=int(tokenizer.pad_token_id)),), routed
+        contexts = teacher_contexts(ctx.encode, options.context_template, solution)
+        reference = ctx.fill(Need.LOGP_REF)
+        teacher = ctx.fill(Need.LOGP_TEACHER) if ctx.has_teacher else reference
+        fillers = {
+            Need.LOGP_REF: queue_filler(reference, Recipe.REG),
+            Need.LOGP_TEACHER: queue_filler(teacher, Recipe.OPSD, in_context=True),
+        }
+        return (RoutingStage(options, contexts, pad_id=int(ctx.tokenizer.pad_token_id)),), fillers
+
+    return edge
 
 
-def self_routing_algorithm(
-    horizon: int,
-    *,
-    beta_reg: float = _DEFAULT.beta_reg,
-    delta_mode: str = _DEFAULT.delta_mode,
-    sigma_l: float = _DEFAULT.sigma_l,
-    sigma_m: float = _DEFAULT.sigma_m,
-    sigma_h: float = _DEFAULT.sigma_h,
-    context_template: str = _DEFAULT.context_template,
-    clip_low: float = _DEFAULT.clip_low,
-    clip_high: float = _DEFAULT.clip_high,
-) -> Algorithm:
+def self_routing_algorithm(horizon: int, options: RoutingOptions = _DEFAULT) -> Algorithm:
     """The Self-Routing bundle (``algorithm.method: self_routing``; options: `RoutingOptions`).
 
     Examples:
-        >>> sorted(self_routing_algorithm(8).needs)
+        >>> sorted(map(str, self_routing_algorithm(8).needs))
         ['logp_old', 'logp_ref', 'logp_teacher', 'route']
     """
-    given = dict(locals())
-    options = RoutingOptions(**{f.name: given[f.name] for f in fields(RoutingOptions)})
 
     def advantage(batch: RolloutBatch) -> Tensor:
         assert batch.route is not None and batch.logp_teacher is not None and batch.logp_old is not None
@@ -378,6 +345,8 @@ def self_routing_algorithm(
         policy_loss=policy_loss,
         aggregation=AggregationMode.TOKEN_MEAN,
         horizon=int(horizon),
-        needs=frozenset({"logp_old", "logp_ref", "logp_teacher", "route"}),
-        loss_needs=("logp_ref", "route", "route_weight"),
+        needs=frozenset({Need.LOGP_OLD, Need.LOGP_REF, Need.LOGP_TEACHER, Need.ROUTE}),
+        loss_needs=(Need.LOGP_REF, Need.ROUTE, Need.ROUTE_WEIGHT),
+        edge=routing_edge(options),
+        provides=frozenset({Need.LOGP_REF, Need.LOGP_TEACHER, Need.ROUTE}),
     )

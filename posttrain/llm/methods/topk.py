@@ -1,7 +1,7 @@
 r"""Fillers of the top-K batch fields (OPD², docs: methods/opd2.md): the student's support and three models' log-probs on it.
 
 A method that needs ``[B, T, K]`` log-probs (``opd2``) declares ``topk_ids``, ``topk_logp_old``,
-``topk_logp_teacher`` and ``topk_logp_ref``; `build_trainer` maps them to the
+``topk_logp_teacher`` and ``topk_logp_ref``; the table `posttrain.llm.methods.needs.NEEDS` maps them to the
 callables here and the trainer calls them under ``torch.no_grad`` like any other filler. Every model
 runs one batched forward over prompt + response (`vocab_log_softmax`),
 takes the full-vocabulary $\log\mathrm{softmax}(z/\tau)$ at the rollout temperature (float32 or
@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators.delta_distill import topk_support
+from posttrain.estimators.advantages import topk_support
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import vocab_log_softmax
 

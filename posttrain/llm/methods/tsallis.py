@@ -44,27 +44,33 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, masked_mean
-from posttrain.estimators.tsallis import (
-    TsallisWeights,
-    garl_weights,
-    paft_weights,
-    tsallis_token_weights,
-    weighted_logp_loss,
-)
+from posttrain.estimators import AggregationMode, TsallisWeights, garl_weights, masked_mean, paft_weights
+from posttrain.estimators.advantages import tsallis_token_weights
+from posttrain.estimators.losses import weighted_logp_loss
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext
+from posttrain.llm.methods.needs import Need
 from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.typed import Checked, Range
 
-__all__ = ["TsallisLossStats", "garl_algorithm", "log_weights", "paft_algorithm", "tsallis_metrics"]
+__all__ = [
+    "GarlOptions",
+    "PaftOptions",
+    "TsallisLossStats",
+    "garl_algorithm",
+    "log_weights",
+    "paft_algorithm",
+    "tsallis_metrics",
+]
 
 Variant = Literal["verifier", "likelihood"]
-VARIANTS = ("verifier", "likelihood")
+_UNIT = Range(0.0, 1.0)
 
 
 class TsallisLossStats(NamedTuple):
@@ -126,28 +132,36 @@ def _loss(
     return loss, TsallisLossStats(frac.detach())
 
 
-def _number(key: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= float(value) <= high:
-        raise DomainError(f"algorithm.options.{key}: expected a number in [{low}, {high}], got {value!r}")
-    return float(value)
+@dataclass(frozen=True)
+class _TsallisOptions(Checked):
+    """The options GARL and PAFT share (see the module docstring)."""
+
+    q: Annotated[float, _UNIT] = 0.75
+    variant: Variant = "verifier"
+    log_w_min: Annotated[float, Range(None, 0.0)] | None = None
+    q_after: Annotated[float, _UNIT] | None = None
+    switch_step: Annotated[int, Range(0, 10**8)] = 0
+
+    def check(self) -> None:
+        if (self.q_after is None) != (self.switch_step == 0):
+            raise DomainError(
+                f"switch_step: set q_after and switch_step >= 1 together (q from step switch_step + 1 on), got "
+                f"q_after={self.q_after!r}, switch_step={self.switch_step!r}"
+            )
 
 
-def _common(q: Any, variant: Any, log_w_min: Any, q_after: Any, switch_step: Any) -> tuple[float, float | None]:
-    """Validate the shared options (DomainError naming ``algorithm.options.<key>``); returns ``(q, q_after)``."""
-    qv = _number("q", q, 0.0, 1.0)
-    if variant not in VARIANTS:
-        raise DomainError(f"algorithm.options.variant: expected one of {', '.join(VARIANTS)}, got {variant!r}")
-    if log_w_min is not None:
-        _number("log_w_min", log_w_min, -math.inf, 0.0)
-    qa = None if q_after is None else _number("q_after", q_after, 0.0, 1.0)
-    if isinstance(switch_step, bool) or not isinstance(switch_step, int) or switch_step < 0:
-        raise DomainError(f"algorithm.options.switch_step: expected an integer >= 0, got {switch_step!r}")
-    if (qa is None) != (switch_step == 0):
-        raise DomainError(
-            f"algorithm.options.switch_step: set q_after and switch_step >= 1 together (q from step switch_step + 1 "
-            f"on), got q_after={q_after!r}, switch_step={switch_step!r}"
-        )
-    return qv, qa
+@dataclass(frozen=True)
+class GarlOptions(_TsallisOptions):
+    """``algorithm.options`` of ``garl``: the shared ones and the trace baseline (``rloo`` or ``none``)."""
+
+    baseline: Literal["rloo", "none"] = "rloo"
+
+
+@dataclass(frozen=True)
+class PaftOptions(_TsallisOptions):
+    """``algorithm.options`` of ``paft``: the shared ones and the posterior resamples per prompt."""
+
+    samples: Annotated[int, Range(1, 1 << 16)] = 1
 
 
 def _scheduled(build: Callable[[float], Algorithm], q: float, q_after: float | None, switch_step: int) -> Algorithm:
@@ -165,27 +179,16 @@ def _bundle(horizon: int, variant: Variant, advantage: Callable[[RolloutBatch], 
         policy_loss=_loss,
         aggregation=AggregationMode.SEQ_MEAN_TOKEN_SUM,
         horizon=int(horizon),
-        needs=frozenset({"logp_old"}),
-        loss_needs=("answer_mask",) if variant == "likelihood" else (),
+        needs=frozenset({Need.LOGP_OLD, *((Need.ANSWER_MASK,) if variant == "likelihood" else ())}),
+        loss_needs=(Need.ANSWER_MASK,) if variant == "likelihood" else (),
         before_update=hook,
     )
 
 
-def garl_algorithm(
-    horizon: int,
-    *,
-    q: float = 0.75,
-    variant: str = "verifier",
-    baseline: str = "rloo",
-    log_w_min: float | None = None,
-    q_after: float | None = None,
-    switch_step: int = 0,
-) -> Algorithm:
-    """The GARL bundle (``algorithm.method: garl``); options in the module docstring."""
-    q0, qa = _common(q, variant, log_w_min, q_after, switch_step)
-    if baseline not in ("rloo", "none"):
-        raise DomainError(f"algorithm.options.baseline: expected 'rloo' or 'none', got {baseline!r}")
-    v: Variant = variant  # type: ignore[assignment]
+def garl_algorithm(horizon: int, options: GarlOptions | None = None) -> Algorithm:
+    """The GARL bundle (``algorithm.method: garl``; options: `GarlOptions`)."""
+    o = options or GarlOptions()
+    v, baseline, log_w_min = o.variant, o.baseline, o.log_w_min
 
     def build(qv: float) -> Algorithm:
         def weights(batch: RolloutBatch) -> TsallisWeights:
@@ -199,25 +202,14 @@ def garl_algorithm(
 
         return _bundle(horizon, v, advantage, hook)
 
-    return _scheduled(build, q0, qa, switch_step)
+    return _scheduled(build, o.q, o.q_after, o.switch_step)
 
 
-def paft_algorithm(
-    horizon: int,
-    *,
-    q: float = 0.75,
-    variant: str = "verifier",
-    samples: int = 1,
-    log_w_min: float | None = None,
-    q_after: float | None = None,
-    switch_step: int = 0,
-) -> Algorithm:
-    """The PAFT bundle (``algorithm.method: paft``): ``samples`` posterior resamples per prompt, drawn before the
-    batch's first update; options in the module docstring."""
-    q0, qa = _common(q, variant, log_w_min, q_after, switch_step)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise DomainError(f"algorithm.options.samples: expected an integer >= 1, got {samples!r}")
-    v: Variant = variant  # type: ignore[assignment]
+def paft_algorithm(horizon: int, options: PaftOptions | None = None) -> Algorithm:
+    """The PAFT bundle (``algorithm.method: paft``; options: `PaftOptions`): ``samples`` posterior resamples per
+    prompt, drawn before the batch's first update."""
+    o = options or PaftOptions()
+    v, samples, log_w_min = o.variant, o.samples, o.log_w_min
 
     def build(qv: float) -> Algorithm:
         def advantage(batch: RolloutBatch) -> Tensor:  # the expectation of the resampled weights (GARL, b = 0)
@@ -236,4 +228,4 @@ def paft_algorithm(
 
         return _bundle(horizon, v, advantage, hook)
 
-    return _scheduled(build, q0, qa, switch_step)
+    return _scheduled(build, o.q, o.q_after, o.switch_step)

@@ -19,7 +19,7 @@ from posttrain.estimators import (
     k3_kl,
     rloo_advantages,
 )
-from posttrain.estimators.aggregate import normaliser
+from posttrain.estimators.aggregation import normaliser
 from posttrain.llm.config import config_from_dict
 from posttrain.llm.methods.catalog import build_algorithm
 from posttrain.llm.rollout.logprobs import token_logprobs
@@ -41,6 +41,7 @@ def _trainer(
     torch.manual_seed(0)
     cfg = config_from_dict(
         {
+            "model": {"teacher": model.name_or_path},  # a method's teacher fillers are given below, not loaded
             "data": {"prompts_per_step": G},
             "rollout": {"group_size": K, "max_new_tokens": 8},
             "algorithm": algorithm,
@@ -73,6 +74,7 @@ def _trainer(
         task=TableTask(),
         engine=FixedEngine(model, RESPONSES),
         algorithm=alg,
+        sampling=cfg.rollout.sampling(),
         fillers={"logp_ref": fill_ref, **(fillers or {})},
     )
 
@@ -125,8 +127,9 @@ def test_trainer_loss_equals_estimators_by_hand(
     assert rewards.std() > 0  # the fake task gives a non-trivial reward table
     adv = broadcast_sequence_advantages(adv_fn(rewards), batch.mask)
     logp, entropy = token_logprobs(
-        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, with_entropy=True, entropy_grad=True
-    )
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, with_entropy=True, entropy_grad=True,
+        group_size=batch.group_size,
+    )  # fmt: skip
     assert entropy is not None and batch.logp_old is not None
     tok, _ = loss_fn(logp, batch.logp_old, adv, batch.mask, **loss_kwargs)
     kl_fn = {"k1": k1_kl, "k3": k3_kl}.get(algorithm.get("kl", ""))

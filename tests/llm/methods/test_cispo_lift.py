@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from posttrain.estimators import aggregate, broadcast_sequence_advantages, cispo_loss, group_normalized_advantages
+from posttrain.llm.methods.sis import SisEnvelope
 from posttrain.llm.rollout.logprobs import token_logprobs
 from tests.llm._lift import record_rollouts, sis_test_by_hand
 from tests.llm.methods.test_algorithm import G, K, _grads, _trainer
@@ -20,7 +21,9 @@ pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)
 def _by_hand(model: Any, batch: Any, **loss_options: Any) -> tuple[torch.Tensor, Any]:
     """GRPO advantages, ``cispo_loss`` against the rollout's behaviour log-probs, token mean; backward."""
     adv = broadcast_sequence_advantages(group_normalized_advantages(batch.rewards.reshape(G, K)), batch.mask)
-    logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    logp, _ = token_logprobs(
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, group_size=batch.group_size
+    )
     tok, diag = cispo_loss(logp, batch.logp_old, adv, batch.mask, **loss_options)
     loss = aggregate(tok, batch.mask, "token-mean")
     loss.backward()
@@ -49,7 +52,11 @@ def test_cispo_trainer_loss_equals_estimators_by_hand(tiny: tuple[Any, Any], los
 def test_sis_on_cispo_equals_estimators_by_hand(tiny: tuple[Any, Any]) -> None:
     """Two SIS updates on CISPO: each update's loss and gradient = cispo_loss(..., on_policy=accepted) by hand,
     the rejection test redone from the estimator functions; accepted tokens carry weight 1."""
-    trainer = _trainer(tiny, {"method": "sis", "options": {"base": "cispo", "top_k": 1000}})  # K >= V: exact
+    trainer = _trainer(
+        tiny,
+        {"method": "sis", "options": {"base": "cispo", "top_k": 1000}},
+        fillers=SisEnvelope(tiny[0], top_k=1000, temperature=1.0).fillers(),
+    )  # K >= V: exact
     trainer.cfg = dataclasses.replace(trainer.cfg, optim=dataclasses.replace(trainer.cfg.optim, updates_per_batch=2))
     model, original = trainer.model, trainer.accumulate_gradients
     rollouts = record_rollouts(trainer)

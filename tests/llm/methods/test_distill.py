@@ -7,9 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.estimators import clipped_ratio_loss, group_normalized_advantages
-from posttrain.estimators.distill import eos_teacher_mask, opd_token_advantages
-from posttrain.estimators.distill_rules import kdrl_advantages
+from posttrain.estimators import (
+    clipped_ratio_loss,
+    eos_teacher_mask,
+    group_normalized_advantages,
+    kdrl_advantages,
+    opd_token_advantages,
+)
 from posttrain.llm.config import load_config
 from posttrain.llm.methods.catalog import build_algorithm
 from posttrain.llm.rollout.batch import RolloutBatch

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from posttrain.estimators import AggregationMode, aggregate, clipped_ratio_loss, group_normalized_advantages
-from posttrain.estimators.delta_distill import exopd_advantages
-from posttrain.estimators.distill import opd_token_advantages
-from posttrain.estimators.distill_rules import opd_then_rl_advantages
+from posttrain.errors import DomainError
+from posttrain.estimators import (
+    AggregationMode,
+    aggregate,
+    clipped_ratio_loss,
+    exopd_advantages,
+    group_normalized_advantages,
+    opd_then_rl_advantages,
+    opd_token_advantages,
+)
 from posttrain.llm.config import load_config
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.run import build_trainer
@@ -59,7 +64,8 @@ def test_switch_at_the_configured_step_and_loss_equals_the_estimator(tiny: tuple
         lt = batch.logp_teacher
         d = opd_token_advantages(lt, batch.logp_old, batch.mask) if lt is not None else None
         adv = opd_then_rl_advantages(a_hat, d, batch.mask, step=step, switch_step=SWITCH)
-        logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+        logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+                                 group_size=batch.group_size)  # fmt: skip
         tok, _ = clipped_ratio_loss(logp, batch.logp_old, adv, batch.mask)
         want = aggregate(tok, batch.mask, AggregationMode.SEQ_MEAN_TOKEN_MEAN)
         want.backward()
@@ -72,10 +78,9 @@ def test_switch_at_the_configured_step_and_loss_equals_the_estimator(tiny: tuple
 def test_config_run_calls_the_teacher_only_before_the_switch(tmp_path: Path, tiny_dir: Path) -> None:
     """``method: opd_then_rl`` through ``build_trainer``: teacher forwards at steps 1..S, none after; no teacher, no run."""
     algorithm = {"method": "opd_then_rl", "options": {"switch_step": 2}}
-    with pytest.raises(ValueError, match="logp_teacher"):
-        build_trainer(small_config(algorithm=algorithm), tmp_path / "no_teacher")
-    cfg = small_config(algorithm=algorithm, steps=3)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, teacher=str(tiny_dir)))
+    with pytest.raises(DomainError, match=r"^model\.teacher: method 'opd_then_rl' reads logp_teacher"):
+        small_config(algorithm=algorithm)  # at load, before a model or a run directory
+    cfg = small_config(algorithm=algorithm, steps=3, model={"teacher": str(tiny_dir)})
     trainer = build_trainer(cfg, tmp_path / "run")
     steps = count_fills(trainer, "logp_teacher")
     history = trainer.fit()
@@ -94,7 +99,8 @@ def test_exopd_loss_equals_the_estimator_by_hand(tiny: tuple[Any, Any]) -> None:
     assert batch.logp_old is not None and batch.logp_teacher is not None and batch.logp_ref is not None
     adv = exopd_advantages(batch.logp_old, batch.logp_teacher, batch.logp_ref, batch.mask, **options)
     assert float(adv.abs().sum()) > 0
-    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+                             group_size=batch.group_size)  # fmt: skip
     tok, _ = clipped_ratio_loss(logp, batch.logp_old, adv, batch.mask)
     want = aggregate(tok, batch.mask, AggregationMode.TOKEN_MEAN)
     want.backward()
@@ -105,10 +111,9 @@ def test_exopd_loss_equals_the_estimator_by_hand(tiny: tuple[Any, Any]) -> None:
 
 def test_model_reference_sets_the_reference_model(tmp_path: Path, tiny_dir: Path) -> None:
     """``model.reference`` (ExOPD's teacher-base) replaces the initial policy as the source of ``logp_ref``."""
-    cfg = small_config(algorithm={"method": "exopd"})
     refs = {}
     for reference in (None, str(tiny_dir)):
-        run = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, teacher=str(tiny_dir), reference=reference))
+        run = small_config(algorithm={"method": "exopd"}, model={"teacher": str(tiny_dir), "reference": reference})
         batch, _ = build_trainer(run, tmp_path / str(reference is None)).rollout()
         assert batch.logp_ref is not None and batch.logp_teacher is not None
         refs[reference is None] = torch.equal(batch.logp_ref, batch.logp_teacher)

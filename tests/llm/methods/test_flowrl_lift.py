@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, aggregate
-from posttrain.estimators.gflowrl import flowrl_loss, flowrl_optimal_log_z
+from posttrain.estimators import AggregationMode, aggregate, flowrl_loss, flowrl_optimal_log_z
 from posttrain.llm.methods.catalog import build_algorithm
-from posttrain.llm.methods.flow import LogPartitionMLP, prompt_feature_filler
+from posttrain.llm.methods.flow import LogPartitionMLP
+from posttrain.llm.methods.needs import prompt_feature_filler
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.run import build_trainer
 from tests.llm._lift import fit_example, small_config
@@ -38,7 +38,8 @@ def test_loss_and_gradients_equal_flowrl_loss_by_hand(tiny: tuple[Any, Any]) -> 
     got = _grads(trainer.model) + _grads(net)
     trainer.model.zero_grad(set_to_none=True)
     net.zero_grad(set_to_none=True)
-    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+                             group_size=batch.group_size)  # fmt: skip
     log_z = net(batch.prompt_features[:: batch.group_size])  # one log Z per prompt
     tok, diag = flowrl_loss(logp, batch.logp_old, batch.logp_ref, batch.grouped_rewards(), batch.mask, log_z,
                             beta=3.0, clip=0.1)  # fmt: skip
@@ -81,7 +82,9 @@ def test_bundle_loss_drives_log_z_to_the_batch_optimum(tiny: tuple[Any, Any]) ->
     batch, _ = trainer.rollout()
     assert batch.prompt_features is not None and batch.logp_ref is not None and batch.logp_old is not None
     with torch.no_grad():
-        logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+        logp, _ = token_logprobs(
+            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, group_size=batch.group_size
+        )
     target = flowrl_optimal_log_z(logp, batch.logp_old, batch.logp_ref, batch.grouped_rewards(), batch.mask,
                                   beta=3.0)  # fmt: skip
 

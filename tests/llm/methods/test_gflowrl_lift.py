@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +10,7 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, aggregate
-from posttrain.estimators.gflowrl import flow_gap, gflowrl_loss
+from posttrain.estimators import AggregationMode, aggregate, flow_gap, gflowrl_loss
 from posttrain.llm.methods.catalog import build_algorithm
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.run import build_trainer
@@ -31,7 +31,8 @@ def test_loss_and_gradient_equal_gflowrl_loss_by_hand(tiny: tuple[Any, Any]) -> 
     stats = trainer.accumulate_gradients(batch)
     got = _grads(trainer.model)
     trainer.model.zero_grad(set_to_none=True)
-    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
+                             group_size=batch.group_size)  # fmt: skip
     assert batch.logp_ref is not None and batch.logp_old is not None
     tok, diag = gflowrl_loss(logp, batch.logp_old, batch.logp_ref, batch.grouped_rewards(), batch.mask,
                              beta=4.0, max_up=0.1)  # fmt: skip
@@ -54,8 +55,15 @@ def test_options_and_overrides_are_checked() -> None:
     assert with_kl.kl is not None and "logp_ref" in with_kl.needs
 
 
+def _config64(micro: int | None) -> Any:
+    """`_config` in float64: the gradient compared below is zero up to rounding (on-policy, policy = reference),
+    and float32 rounding depends on how many groups a forward holds (each prompt runs once per forward)."""
+    cfg = _config(micro)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="float64"))
+
+
 def test_gaps_use_whole_groups_and_micro_batching_does_not_change_the_gradient(tmp_path: Path) -> None:
-    trainer = build_trainer(_config(None), tmp_path / "a")
+    trainer = build_trainer(_config64(None), tmp_path / "a")
     batch, _ = trainer.rollout()
     assert batch.logp_old is not None and batch.logp_ref is not None and batch.advantages is not None
     want = flow_gap(batch.grouped_rewards(), batch.logp_old, batch.logp_ref, batch.mask).clipped_gap
@@ -63,7 +71,7 @@ def test_gaps_use_whole_groups_and_micro_batching_does_not_change_the_gradient(t
     torch.testing.assert_close(rows.reshape(want.shape).to(want.dtype), want)
     grads = []
     for micro in (None, 4):  # whole batch vs one group per micro-batch
-        trainer.cfg = _config(micro)
+        trainer.cfg = _config64(micro)
         trainer.model.zero_grad(set_to_none=True)
         stats = trainer.accumulate_gradients(batch)
         grads.append(torch.cat([p.grad.reshape(-1) for p in trainer.model.parameters() if p.grad is not None]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +9,8 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators import AggregationMode, aggregate, clipped_ratio_loss
-from posttrain.estimators.delta_distill import opd2_advantages, topk_support
+from posttrain.estimators import AggregationMode, aggregate, clipped_ratio_loss, opd2_advantages
+from posttrain.estimators.advantages import topk_support
 from posttrain.llm.config import load_config
 from posttrain.llm.methods import topk as topk_fill
 from posttrain.llm.methods.topk import StudentTopK, topk_logp_filler
@@ -118,7 +117,8 @@ def test_opd2_loss_equals_the_estimator_by_hand(tiny: tuple[Any, Any], monkeypat
     adv = opd2_advantages(sampled[0], sampled[1], sampled[2], by_hand[0], by_hand[1], by_hand[2], m, **options)
     torch.testing.assert_close(batch.advantages, adv, rtol=0, atol=1e-9)
     assert float(adv.abs().sum()) > 0 and bool((adv[m] == -options["scale"] * options["bias"]).any())  # gate closes
-    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, m)
+    logp, _ = token_logprobs(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, m,
+                             group_size=batch.group_size)  # fmt: skip
     assert batch.logp_old is not None
     tok, _ = clipped_ratio_loss(logp, batch.logp_old, adv, m)
     want = aggregate(tok, m, AggregationMode.TOKEN_MEAN)
@@ -144,10 +144,9 @@ def test_student_fillers_share_one_forward_only_for_their_own_support(tiny: tupl
 
 def test_config_run_needs_teacher_and_fills_a_clamped_support(tmp_path: Path, tiny_dir: Path) -> None:
     algorithm = {"method": "opd2"}
-    with pytest.raises(ValueError, match="topk_logp_teacher"):
-        build_trainer(small_config(algorithm=algorithm), tmp_path / "no_teacher")
-    cfg = small_config(algorithm=algorithm)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, teacher=str(tiny_dir), reference=str(tiny_dir)))
+    with pytest.raises(DomainError, match=r"^model\.teacher: method 'opd2' reads topk_logp_teacher"):
+        small_config(algorithm=algorithm)  # at load, before a model or a run directory
+    cfg = small_config(algorithm=algorithm, model={"teacher": str(tiny_dir), "reference": str(tiny_dir)})
     trainer = build_trainer(cfg, tmp_path / "run")
     batch, _ = trainer.rollout()
     vocab = trainer.policy.config.vocab_size

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError
-from posttrain.estimators import broadcast_sequence_advantages, group_normalized_advantages
-from posttrain.estimators.distill import opd_token_advantages
-from posttrain.estimators.distill_rules import plateau_switch_step
-from posttrain.llm.methods.distill import opd_then_rl_algorithm
+from posttrain.estimators import broadcast_sequence_advantages, group_normalized_advantages, opd_token_advantages
+from posttrain.estimators.selection import plateau_switch_step
+from posttrain.llm.methods.distill import OpdThenRlOptions, opd_then_rl_algorithm
 from posttrain.llm.run import build_trainer
 from tests.llm._lift import count_fills, small_config
 from tests.llm.methods.test_distill import _batch
@@ -31,7 +30,7 @@ def _rule(scores: tuple[float, ...] | list[float], window: int, min_gain: float)
 def test_switch_happens_exactly_at_the_rules_index() -> None:
     switch = _rule(SCORES, 1, 0.05)
     assert switch == 4
-    alg = opd_then_rl_algorithm(8, **RULE)
+    alg = opd_then_rl_algorithm(8, OpdThenRlOptions(**RULE))
     assert "logp_teacher" in alg.needs  # the union over phases
     batch = _batch()
     assert batch.logp_teacher is not None and batch.logp_old is not None
@@ -56,7 +55,7 @@ def test_switch_happens_exactly_at_the_rules_index() -> None:
 def test_rule_is_monotone_on_prefixes_so_the_switch_is_permanent(scores: list[float], window: int, gain: float) -> None:
     """For any score curve: the rule's answer on a prefix is None up to its index and that index after it."""
     full = _rule(scores, window, gain)
-    alg = opd_then_rl_algorithm(8, switch_rule="plateau", window=window, min_gain=gain)
+    alg = opd_then_rl_algorithm(8, OpdThenRlOptions(switch_rule="plateau", window=window, min_gain=gain))
     phases = []
     for n in range(len(scores) + 1):
         got = _rule(scores[:n], window, gain)
@@ -67,13 +66,13 @@ def test_rule_is_monotone_on_prefixes_so_the_switch_is_permanent(scores: list[fl
 
 def test_switch_options_are_checked() -> None:
     with pytest.raises(DomainError, match="give exactly one"):
-        opd_then_rl_algorithm(8)
+        OpdThenRlOptions()
     with pytest.raises(DomainError, match="give exactly one"):
-        opd_then_rl_algorithm(8, switch_step=3, switch_rule="plateau")
+        OpdThenRlOptions(switch_step=3, switch_rule="plateau")
     with pytest.raises(DomainError, match="switch_rule"):
-        opd_then_rl_algorithm(8, switch_rule="best")
+        OpdThenRlOptions(switch_rule="best")  # type: ignore[arg-type]
     with pytest.raises(DomainError, match="window"):
-        opd_then_rl_algorithm(8, switch_rule="plateau", window=0)
+        OpdThenRlOptions(switch_rule="plateau", window=0)
 
 
 def test_run_switches_at_the_rule_on_its_logged_eval_scores(tmp_path: Path, tiny_dir: Path) -> None:
@@ -84,12 +83,8 @@ def test_run_switches_at_the_rule_on_its_logged_eval_scores(tmp_path: Path, tiny
     """
     every, window, gain = 2, 1, 0.05
     algorithm = {"method": "opd_then_rl", "options": {"switch_rule": "plateau", "window": window, "min_gain": gain}}
-    cfg = small_config(algorithm=algorithm, steps=12)
-    cfg = dataclasses.replace(
-        cfg,
-        model=dataclasses.replace(cfg.model, teacher=str(tiny_dir)),
-        logging=dataclasses.replace(cfg.logging, eval_every=every, eval_metric="entropy"),
-    )
+    cfg = small_config(algorithm=algorithm, steps=12, model={"teacher": str(tiny_dir)})
+    cfg = dataclasses.replace(cfg, logging=dataclasses.replace(cfg.logging, eval_every=every, eval_metric="entropy"))
     trainer = build_trainer(cfg, tmp_path / "run")
     teacher_steps = count_fills(trainer, "logp_teacher")
     history = trainer.fit()

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators import AggregationMode, aggregate
-from posttrain.estimators.distill import topk_reverse_kl_reward
-from posttrain.estimators.mopd import (
+from posttrain.estimators import AggregationMode, aggregate, topk_reverse_kl_reward
+from posttrain.estimators.losses import topk_distill_loss
+from posttrain.estimators.weights import (
     domain_gap_magnitudes,
     domain_token_counts,
     gap_factors,
@@ -20,7 +20,6 @@ from posttrain.estimators.mopd import (
     refreshed_reward,
     route_teacher_logprobs,
     token_share_weights,
-    topk_distill_loss,
 )
 from posttrain.llm.config import config_from_dict, load_config
 from posttrain.llm.methods.algorithm import UpdateContext
@@ -56,7 +55,8 @@ def _setup(tiny: tuple[Any, Any], options: dict[str, Any], calls: list[int] | No
     teachers = [_perturbed(model, 0.3, 0), _perturbed(model, 0.3, 50)]
     model.double()
     torch.manual_seed(0)
-    cfg = config_from_dict({
+    cfg = config_from_dict({  # the config names a teacher; the two routed ones are given as fillers below
+        "model": {"teacher": model.name_or_path},
         "data": {"prompts_per_step": G}, "rollout": {"group_size": K, "max_new_tokens": 8, "temperature": TAU},
         "algorithm": {"method": "open_mopd", "topk": SUPPORT, "options": options},
         "optim": {"micro_batch_size": K, "max_grad_norm": None, "updates_per_batch": 2, "lr": 1e-2},
@@ -69,7 +69,7 @@ def _setup(tiny: tuple[Any, Any], options: dict[str, Any], calls: list[int] | No
                "topk_logp_teacher": routed_filler(fills, "topk_logp_teacher")}  # fmt: skip
     alg = build_algorithm(method="open_mopd", horizon=8, options=options)
     trainer = Trainer(cfg, model=model, tokenizer=tok, task=LabelledTask(), engine=FixedEngine(model, RESPONSES),
-                      algorithm=alg, fillers=fillers)  # fmt: skip
+                      algorithm=alg, sampling=cfg.rollout.sampling(), fillers=fillers)  # fmt: skip
     return trainer, teachers
 
 
@@ -117,8 +117,10 @@ def _compare(trainer: Trainer, batch: RolloutBatch, adv: torch.Tensor) -> None:
     got = _grads(trainer.model)
     want, grads = _by_hand_loss(trainer.model, batch, adv)
     assert stats["loss"] == pytest.approx(want, rel=1e-9, abs=1e-12)
-    for a, b in zip(got, grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+    for a, b in zip(got, grads, strict=True):  # float32 rounding of the largest gradient: transformers' norms run
+        # in float32 in a float64 model, and the trainer's forward sums a group's gradients before that rounding
+        # (each prompt computed once) where the row-by-row reference sums them after it
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-7 * float(b.abs().max()))
 
 
 def test_loss_gradients_and_domain_weights_equal_the_estimators_by_hand(tiny: tuple[Any, Any]) -> None:
@@ -229,7 +231,7 @@ def _mixture(teachers: dict[str, str], strategy: str = "ddp", **model: Any) -> d
         ({"algorithm": {"method": "open_mopd", "options": {"targets": [1, -1]}}}, "algorithm.options.targets"),
         ({"algorithm": {"method": "open_mopd", "options": {"gap_reference": "divide"}}}, "options.gap_reference"),
         ({"algorithm": {"method": "open_mopd", "options": {"clip_low": 2.0}}}, "clip_low"),
-        ({"algorithm": {"method": "open_mopd", "options": {"alpha": 1}}}, "algorithm.options: unknown option.s. alpha"),
+        ({"algorithm": {"method": "open_mopd", "options": {"alpha": 1}}}, "algorithm.options: unknown key.s. alpha"),
         ({"data": {"task": "mixture", "options": {"tasks": {"a": "addition"}, "weights": {"b": 1}}}}, "weights"),
         (
             {"data": {"task": "mixture", "options": {"tasks": {"a": "nope"}}}},

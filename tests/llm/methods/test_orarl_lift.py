@@ -14,7 +14,7 @@ import torch
 
 from posttrain.errors import DomainError
 from posttrain.estimators import AggregationMode, aggregate, clipped_ratio_loss
-from posttrain.estimators.orarl import (
+from posttrain.estimators.advantages import (
     orarl_oracle_advantage,
     orarl_policy_advantages,
     post_selection_correction,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from posttrain.errors import DomainError
-from posttrain.estimators.dpo import dpo_loss
+from posttrain.estimators import dpo_loss
 from posttrain.llm.config import config_from_dict, load_config
 from posttrain.llm.methods.dpo import dpo_pair_loss, encode_pairs, sequence_logprobs
 from posttrain.llm.methods.pairs import PreferencePair, label_pairs, pool_forward, read_pairs, write_pairs
@@ -175,7 +175,7 @@ def test_jsonl_round_trip_and_errors(tmp_path: Path) -> None:
         ({"pairs": {"n_pairs": 449}}, r"pairs\.n_pairs: expected <= 448"),
         ({"pairs": {"max_per_prompt": 2, "n_pairs": 33}}, r"pairs\.n_pairs: expected <= 32"),
         ({"pairs": {"per_prompt": True, "max_per_prompt": 2, "n_pairs": 1}}, r"pairs\.max_per_prompt"),
-        ({"pairs": {"completions": 1}}, r"pairs\.completions: expected a number >= 2"),
+        ({"pairs": {"completions": 1}}, r"pairs\.completions: expected an integer in \[2, 4096\], got 1"),
         ({"pairs": {"design": "dopt"}}, r"pairs\.design: unknown name 'dopt'; valid: optimal, uniform"),
         ({"pairs": {"ties": "half"}}, r"pairs\.ties: unknown name"),
         ({"pairs": {"ridge": 0.0}}, r"pairs\.ridge: expected a number > 0"),

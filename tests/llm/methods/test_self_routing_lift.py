@@ -18,8 +18,10 @@ from posttrain.estimators import (
     group_normalized_advantages,
     k3_kl,
     masked_mean,
+    self_routing_probabilities,
 )
-from posttrain.estimators.routing import RECIPES, Recipe, routed_loss, sample_routes, self_routing_probabilities
+from posttrain.estimators.losses import routed_loss
+from posttrain.estimators.selection import RECIPES, Recipe, sample_routes
 from posttrain.llm.config import config_from_dict, load_config
 from posttrain.llm.methods.catalog import build_algorithm
 from posttrain.llm.methods.routing import RoutingStage, queue_filler, route_batch, route_seed, teacher_contexts
@@ -188,7 +190,8 @@ def test_trainer_step_routes_and_gradients_equal_the_estimators_by_hand(tmp_path
                        dtype=torch.float64)  # fmt: skip
         routes = sample_routes(self_routing_probabilities(rollout.grouped_rewards().double(), h), u)
         assert rollout.route is not None and rollout.route[:: rollout.group_size].tolist() == routes.tolist()
-        logp, _ = token_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.mask)
+        logp, _ = token_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids, rollout.mask,
+                                 group_size=rollout.group_size)  # fmt: skip
         want = routed_loss(_by_hand_losses(rollout, logp, 0.1), routes, rollout.mask)
         want.backward()
         assert stats["loss"] == pytest.approx(float(want.detach()), rel=1e-10, abs=1e-12)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from posttrain.estimators import masked_mean
-from posttrain.estimators.sis import sis_logp_old
+from posttrain.estimators import masked_mean, sis_logp_old
+from posttrain.llm.methods.sis import SisEnvelope
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.run import build_trainer
 from tests.llm._lift import fit_example, record_rollouts, sis_test_by_hand, small_config
@@ -19,7 +19,11 @@ from tests.llm.methods.test_algorithm import _trainer
 
 def test_update_batches_equal_the_rejection_test_by_hand(tiny: tuple[Any, Any]) -> None:
     """Two updates on FixedEngine's noisy behaviour log-probs: each update's logp_old = sis_logp_old by hand."""
-    trainer = _trainer(tiny, {"method": "sis", "options": {"top_k": 1000}})  # K >= V: the exact envelope
+    trainer = _trainer(
+        tiny,
+        {"method": "sis", "options": {"top_k": 1000}},
+        fillers=SisEnvelope(tiny[0], top_k=1000, temperature=1.0).fillers(),
+    )  # K >= V: the exact envelope
     trainer.cfg = dataclasses.replace(trainer.cfg, optim=dataclasses.replace(trainer.cfg.optim, updates_per_batch=2))
     model, original = trainer.model, trainer.accumulate_gradients
     batches = record_rollouts(trainer)
@@ -63,7 +67,7 @@ def test_sis_grpo_raises_held_out_reward_with_stale_updates(tmp_path: Path) -> N
 
 def test_gspo_base_uses_the_released_gspo_sis_loss() -> None:
     """``base: gspo``: the trainer's token loss is `sis_gspo_loss` on the hook's accepted mask (float64, by hand)."""
-    from posttrain.estimators.sis import sis_gspo_loss
+    from posttrain.estimators.losses import sis_gspo_loss
     from posttrain.llm.methods.catalog import build_algorithm
     from posttrain.llm.rollout.batch import RolloutBatch
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, aggregate, rloo_advantages
-from posttrain.estimators.tsallis import garl_loss, paft_loss
+from posttrain.estimators import AggregationMode, aggregate, garl_loss, paft_loss, rloo_advantages
 from posttrain.llm.config import config_from_dict
 from posttrain.llm.methods.algorithm import UpdateContext
 from posttrain.llm.methods.catalog import build_algorithm
@@ -243,7 +242,7 @@ def _likelihood_trainer(tiny: tuple[Any, Any], method: str, q: float) -> Trainer
     alg = build_algorithm(method=a.method, horizon=8, options=a.options)
     stage = AnswerSuffixStage(AnswerSuffixConfig("="), tokenizer=tok)
     return Trainer(cfg, model=model, tokenizer=tok, task=AnswerTask(), engine=FixedEngine(model, RESPONSES),
-                   algorithm=alg, stages=(stage,))  # fmt: skip
+                   algorithm=alg, sampling=cfg.rollout.sampling(), stages=(stage,))  # fmt: skip
 
 
 @pytest.mark.parametrize("method", ["garl", "paft"])
@@ -263,7 +262,9 @@ def test_trainer_gradient_equals_the_estimator_on_the_appended_answer(tiny: tupl
     g_trainer = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
 
     model.zero_grad()
-    logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    logp, _ = token_logprobs(
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, group_size=batch.group_size
+    )
     am = batch.answer_mask
     log_w = torch.where(am, batch.logp_old, 0.0).sum(-1).reshape(G, K)
     torch.testing.assert_close(log_w, torch.where(am, logp, 0.0).sum(-1).reshape(G, K).detach())  # on-policy
@@ -285,7 +286,9 @@ def test_answer_tokens_in_the_training_forward_equal_a_separate_forward(tiny: tu
     batch, _ = trainer.rollout()
     model, am = trainer.model, batch.answer_mask
     assert am is not None and batch.logp_old is not None
-    logp, _ = token_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask)
+    logp, _ = token_logprobs(
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, group_size=batch.group_size
+    )
     cut = [i for i, r in enumerate(RESPONSES) if EQ in r]
     assert cut and all(int((batch.mask[i] & ~am[i]).sum()) == RESPONSES[i].index(EQ) for i in cut)  # cut at "="
     for row in range(batch.batch_size):
