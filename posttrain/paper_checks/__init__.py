@@ -1,8 +1,10 @@
-"""One check per paper: a claim, seeded experiments, a table and a verdict.
+"""One check per paper: a claim, seeded experiments, a primary endpoint, a three-way verdict, mutants.
 
-Checks register a `PaperCheck` in `CHECKS` under the
-paper's two-digit id when their module is imported; `load_all` imports every module listed
-in `MODULES`. ``posttrain check`` runs them (see ``_harness.py``).
+Checks register a `PaperCheck` in `CHECKS` under the paper's two-digit id when their module is
+imported; `load_all` imports every module listed in `MODULES`. The harness is split by concern:
+``model`` (what a check declares and returns), ``stats`` (bounds, outcomes, the verdict),
+``runner`` (run, select, rerun), ``report`` (JSON and markdown), ``tables`` (the terminal view),
+``figures`` (one figure per check) and ``cli`` (``posttrain check`` and each module's ``main``).
 """
 
 from __future__ import annotations

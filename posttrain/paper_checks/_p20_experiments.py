@@ -10,18 +10,19 @@ The paper file states the claims and turns these numbers into metrics and compar
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from posttrain.estimators.tsallis import garl_advantages, paft_advantages
+from posttrain.errors import DomainError
+from posttrain.estimators import garl_advantages, paft_advantages
 from posttrain.simulators.bandits import SoftmaxBandit
 from posttrain.simulators.loop import EstimatorBundle, bundle, train
 from posttrain.theory import tsallis as th
 
-__all__ = ["closed_form_error", "cold_start_methods", "discrete_error", "escape_steps", "m2_error"]
+__all__ = ["closed_form_error", "cold_start_methods", "discrete_error", "escape_steps", "flow_times", "m2_error"]
 
 
 # ---------------------------------------------------------------- 20a: escape-time formulas
@@ -77,21 +78,38 @@ def _paft(q: float) -> Callable[[Tensor, Tensor], Tensor]:
     return advantage
 
 
-def cold_start_methods(garl_qs: Iterable[float], paft_q: float) -> dict[str, EstimatorBundle]:
-    """RLOO, GRPO, GARL at each of ``garl_qs`` and PAFT at ``paft_q``, all through the PPO-clip surrogate."""
+def cold_start_methods(
+    garl_qs: Iterable[float], paft_q: float, *, substitute: Sequence[tuple[str, str]] = ()
+) -> dict[str, EstimatorBundle]:
+    """RLOO, GRPO, GARL at each of ``garl_qs`` and PAFT at ``paft_q``, all through the PPO-clip surrogate.
+
+    ``substitute`` pairs (method, stand-in) train a method as another one (the checks' mutants).
+
+    Raises:
+        DomainError: ``substitute`` names a method that is not among them.
+    """
     agg = "seq-mean-token-sum"  # (1/(G M)) sum over samples of the sequence's summed log-prob
     out = {"RLOO": bundle("rloo", "ppo_clip", agg), "GRPO": bundle("grpo", "ppo_clip", agg)}
     for q in garl_qs:
         out[f"GARL q={q:g}"] = bundle(_garl(q), "ppo_clip", agg)
     out[f"PAFT q={paft_q:g}"] = bundle(_paft(paft_q), "ppo_clip", agg)
-    return out
+    stand_in = dict(substitute)
+    unknown = sorted((set(stand_in) | set(stand_in.values())) - set(out))
+    if unknown:
+        raise DomainError(f"substitute: unknown methods {unknown}; compared: {sorted(out)}")
+    return {name: out[stand_in.get(name, name)] for name in out}
+
+
+def flow_times(k_arms: int, qs: Iterable[float], *, p_esc: float) -> dict[float, float]:
+    """Gradient-flow escape times of the K-armed softmax model (M2) from p0 = 1/K, per q."""
+    return {q: th.escape_time(1.0 / k_arms, q, model="softmax", K=k_arms, p_esc=p_esc) for q in qs}
 
 
 def escape_steps(
     k_arms: int,
     method: EstimatorBundle,
     *,
-    seeds: int,
+    seeds: Sequence[int] | int,
     samples: int,
     lr: float,
     max_steps: int,
@@ -100,14 +118,16 @@ def escape_steps(
     """Per-seed step at which the exact success probability first reaches ``p_esc`` (censored at ``max_steps``).
 
     SGD with learning rate ``lr`` on the logits of a ``k_arms``-armed bandit whose arm 0 alone is
-    rewarded, from uniform logits, ``samples`` draws per step; seeds are paired across methods.
+    rewarded, from uniform logits, ``samples`` draws per step; ``seeds`` (a count: ``0 .. seeds - 1``)
+    are paired across methods.
     """
+    n_seeds = seeds if isinstance(seeds, int) else len(seeds)
     rewards = torch.zeros(1, k_arms, dtype=torch.float64)
     rewards[0, 0] = 1.0
     env = SoftmaxBandit(rewards, pass_ks=())
     log = train(
         env,
-        torch.zeros(seeds, 1, k_arms, dtype=torch.float64),
+        torch.zeros(n_seeds, 1, k_arms, dtype=torch.float64),
         method,
         lambda ps: torch.optim.SGD(ps, lr=lr),
         steps=max_steps,

@@ -27,21 +27,55 @@ while the sum-over-prompts reading matches our calibration numbers); the base ta
 with torch's generator (seed 0), so its prior mass differs from our numpy draw and the sweep
 is judged in expected rewarded samples ``n P(tau)`` (our *reconstructed* exploration heuristic,
 section 3.2; the sweep's SFT+ rates are found by bisection to hit our n P grid); the LLM-level headline
-numbers (Table 1, 2; OLMo/Qwen random-reward curves) are not toy claims and are not checked. The
-our known deviation (broad prompts lower answer entropy here, raise it on OLMo) is reported.
+numbers (Table 1, 2; OLMo/Qwen random-reward curves) are not toy claims and are not checked.
+Our known deviation (broad prompts lower answer entropy here, raise it on OLMo) is reported.
+
+Primary endpoint (the abstract: "We also provide insight into why the success of RL post-training
+depends on whether the base model already places sufficient probability mass on the desired
+behavior, linking it to the classical concept of exploration in RL."): A(iv), per seed, sparse-reward
+success across the prior-mass sweep is a threshold in n P(tau): the run fails from the base prior,
+succeeds from the largest, and success never falls as the prior grows. Judged as the quantile claim
+"in most seeds" (share 1/2, Clopper-Pearson) on the 0/1 pattern. Secondary: A(i)-(iii) (every-seed
+floors, share 1/2), the sweep's rate criteria at their own shares ("success rate <= 0.3 when
+n P < 4": a seed fails with probability > 0.7; ">= 0.75 when n P > 7": share 0.75), B, and C (the
+median moves toward the majority, share 1/2; ">= 55% of seeds", share 0.55; the unclipped mean is
+closer to 0.5 than p0, bounded means).
+
+Power plan (pilot on seeds 10000-10015 for A and B, 10000-10999 for C, disjoint from the evaluation
+seeds 0, 1, ...): the primary pattern held in 16/16 pilot seeds; planned at a true share of 0.875
+(the spec's "one inversion of <= 1 seed" in 8), 12 seeds give 80% power and the 16 used give 87%.
+C moved toward the majority in 62.6% (p0 = 0.8) and 62.7% (p0 = 0.2) of the pilot seeds; the 55%
+criterion needs 334 seeds for 80% power at 62.6%, and 400 are used (87%; the share-1/2 criterion
+has > 99%). C is vectorised over seeds (one batched two-way softmax), 400 seeds cost ~3 s of CPU.
+
+Mutants: *dense-for-sparse* (part A's sparse runs get the dense reward) and *random-for-sparse* (a
+spurious U[0, 1] reward): with the dense reward the base prior succeeds, with the random one the
+largest prior fails, so neither shows a threshold in prior mass and the primary is not reproduced.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 from torch import Tensor
 
 from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
 from posttrain.paper_checks import register_check
-from posttrain.paper_checks._seeds import seedwise
-from posttrain.paper_checks.base import Comparison, Metric, PaperCheck, Result, fraction_criterion, mean_criterion
+from posttrain.paper_checks.cli import main_for
+from posttrain.paper_checks.model import (
+    MEDIAN,
+    Comparison,
+    Metric,
+    Mutant,
+    PaperCheck,
+    Result,
+    Role,
+    mean_criterion,
+    quantile_criterion,
+)
 from posttrain.simulators._base import SeedRNG, sample_categorical
 from posttrain.simulators.demystify import DomainTask, TargetTask
 from posttrain.simulators.tabular import sample_sequences, token_logp
@@ -49,41 +83,53 @@ from posttrain.simulators.tabular import sample_sequences, token_logp
 _F64 = torch.float64
 
 
+class Reward(StrEnum):
+    """The reward of a part-A run: the check's sparse and dense rewards, and a spurious one (mutants)."""
+
+    SPARSE = "sparse"  # 1[y = tau]
+    DENSE = "dense"  # share of positions where y matches tau
+    RANDOM = "random"  # U[0, 1], independent of y
+
+
 @dataclass(frozen=True)
 class Config:
-    seeds: int = 16  # the sweep's "rate <= 0.3" needs >= 13/16 failing seeds for its binomial test
+    seeds: int = 16  # power plan: pilot 10000-10015 16/16; share 0.875 (spec: 1 seed in 8): 12 -> 80%, 16 -> 87%
+    first_seed: int = 0  # evaluation seeds first_seed.. (the pilot ran on 10_000..)
     # A: coverage and reward granularity
-    vocab: int = 8
-    target: tuple[int, ...] = (3, 1, 4, 1, 5, 2)
-    sft_plus_steps: int = 2
-    sft_plus_lr: float = 1.0
-    sft_minus_steps: int = 10
-    sft_minus_lr: float = 1.0
-    rl_steps: int = 200
-    rl_samples: int = 64
-    group: int = 8
-    rl_lr: float = 2.0
-    sweep_hits: tuple[float, ...] = (1.5, 3.3, 7.3, 15.0, 30.0)  # target n P(tau); the base (lr 0) is added
-    success_threshold: float = 0.5
+    vocab: int = 8  # paper (spec 7A)
+    target: tuple[int, ...] = (3, 1, 4, 1, 5, 2)  # paper (spec 7A)
+    sft_plus_steps: int = 2  # spec 7A
+    sft_plus_lr: float = 1.0  # spec 7A
+    sft_minus_steps: int = 10  # spec 7A
+    sft_minus_lr: float = 1.0  # spec 7A
+    rl_steps: int = 200  # spec 7A
+    rl_samples: int = 64  # spec 7A: 8 groups of 8
+    group: int = 8  # spec 7A
+    rl_lr: float = 2.0  # spec 7A
+    sweep_hits: tuple[float, ...] = (1.5, 3.3, 7.3, 15.0, 30.0)  # spec 7A: target n P(tau); the base (lr 0) is added
+    success_threshold: float = 0.5  # spec 7A: success = final P(tau) > 0.5
     # B: prompt breadth under random rewards
-    per_domain: int = 200
-    narrow_prompts: int = 10
-    breadth_steps: int = 1000
-    prompts_per_step: int = 16
-    breadth_lr: float = 1.0
+    per_domain: int = 200  # spec 7B
+    narrow_prompts: int = 10  # spec 7B
+    breadth_steps: int = 1000  # spec 7B
+    prompts_per_step: int = 16  # spec 7B
+    breadth_lr: float = 1.0  # spec 7B
     # C: clipping and the prior
-    choice_seeds: int = 100
-    choice_priors: tuple[float, float] = (0.8, 0.2)
-    choice_samples: int = 16
-    choice_steps: int = 200
-    inner_steps: int = 4
-    clip: float = 0.2
-    choice_lr: float = 2.0
+    choice_seeds: int = 400  # power plan: pilot 10000-10999 62.6% / 62.7% to the majority; share 0.55: 334 -> 80%
+    choice_priors: tuple[float, float] = (0.8, 0.2)  # spec 7C
+    choice_samples: int = 16  # spec 7C
+    choice_steps: int = 200  # spec 7C
+    inner_steps: int = 4  # spec 7C
+    clip: float = 0.2  # spec 7C
+    choice_lr: float = 2.0  # spec 7C
+    substitute: tuple[
+        tuple[Reward, Reward], ...
+    ] = ()  # mutants: (reward, stand-in) trains part A's runs with another reward
     margin_reason: str = "docs: methods/demystifying.md pass criteria (thresholds from the paper, not tuned here)"
 
     @classmethod
     def smoke(cls) -> Config:
-        return cls(seeds=2, rl_steps=100, choice_seeds=40, choice_steps=100, sweep_hits=(1.5, 15.0))
+        return cls(seeds=6, rl_steps=100, breadth_steps=200, choice_seeds=40, choice_steps=100, sweep_hits=(1.5, 15.0))
 
 
 def _token_loss(logp: Tensor, logp_old: Tensor, advantages: Tensor, *, clip: float | None) -> Tensor:
@@ -127,25 +173,31 @@ def _coverage(cfg: Config) -> dict[str, Tensor]:
         "sft+": task.edit(base, lr=cfg.sft_plus_lr, steps=cfg.sft_plus_steps),
         "sft-": task.edit(base, lr=-cfg.sft_minus_lr, steps=cfg.sft_minus_steps),
     }
-    conds = [(name, dense) for name in starts for dense in (False, True)]
+    conds = [(name, reward) for name in starts for reward in (Reward.SPARSE, Reward.DENSE)]
     n_rl = cfg.rl_steps * cfg.rl_samples
     sweep = [base, *_sft_for_prior(task, base, torch.tensor(cfg.sweep_hits, dtype=_F64) / n_rl, cfg.sft_plus_steps)]
     tables = [starts[n] for n, _ in conds] + sweep
-    dense = torch.tensor([d for _, d in conds] + [False] * len(sweep)).repeat_interleave(cfg.seeds)
+    stand_in = dict(cfg.substitute)
+    kinds = [stand_in.get(r, r) for _, r in conds] + [stand_in.get(Reward.SPARSE, Reward.SPARSE)] * len(sweep)
+    kind = torch.tensor([list(Reward).index(k) for k in kinds]).repeat_interleave(cfg.seeds)[:, None]  # [R, 1]
     z = torch.cat(tables).repeat_interleave(cfg.seeds, 0)  # [R, 1, N, V], run = condition-major, seed-minor
     runs = z.shape[0]
-    rng = SeedRNG.from_seeds(list(range(cfg.seeds)) * len(tables), stream=6)  # seed s shares noise across conditions
+    seeds = list(range(cfg.first_seed, cfg.first_seed + cfg.seeds)) * len(tables)
+    rng = SeedRNG.from_seeds(seeds, stream=6)  # seed s shares noise across conditions
+    spurious = SeedRNG.from_seeds(seeds, stream=61) if Reward.RANDOM in kinds else None
     for _ in range(cfg.rl_steps):
         tokens, _, _ = sample_sequences(spec, z, cfg.rl_samples, rng)  # [R, 1, K, L]
         match = (tokens == task.target).to(_F64)
-        rewards = torch.where(dense[:, None], match.mean(-1)[:, 0], match.prod(-1)[:, 0])  # [R, K]
+        rewards = torch.where(kind == 1, match.mean(-1)[:, 0], match.prod(-1)[:, 0])  # [R, K]
+        if spurious is not None:
+            rewards = torch.where(kind == 2, spurious.rand(cfg.rl_samples), rewards)
         leaf = z.detach().requires_grad_(True)
         logp = token_logp(spec, leaf, tokens).reshape(-1, spec.horizon)
         loss = _run_sum(_token_loss(logp, logp.detach(), _grpo(rewards, cfg.group), clip=None), runs)
         (grad,) = torch.autograd.grad(loss, leaf)
         z = z - cfg.rl_lr * grad
     final = task.target_logp(z).exp().reshape(len(tables), cfg.seeds)
-    out = {f"{n} {'dense' if d else 'sparse'}": final[i] for i, (n, d) in enumerate(conds)}
+    out = {f"{n} {r.value}": final[i] for i, (n, r) in enumerate(conds)}
     out["sweep_final"] = final[len(conds) :]  # [lrs, seeds]
     out["sweep_prior"] = torch.stack([task.target_logp(t).exp()[0] for t in sweep])
     out["priors"] = torch.stack([task.target_logp(starts[n]).exp()[0] for n in starts])
@@ -165,7 +217,7 @@ def _breadth(cfg: Config) -> dict[str, Tensor]:
     runs = 2 * cfg.seeds  # narrow runs first, then broad
     w = (4.0 * task.w_star).expand(runs, *task.w_star.shape).clone()
     before = {k: (task.accuracy(w, v.expand(runs, -1)), task.entropy(w, v.expand(runs, -1))) for k, v in sets.items()}
-    rng = SeedRNG.from_seeds(list(range(cfg.seeds)) * 2, stream=60)
+    rng = SeedRNG.from_seeds(list(range(cfg.first_seed, cfg.first_seed + cfg.seeds)) * 2, stream=60)
     narrow = torch.arange(runs) < cfg.seeds
     q, k = cfg.prompts_per_step, cfg.group
     for _ in range(cfg.breadth_steps):
@@ -203,7 +255,7 @@ def _choice(cfg: Config) -> dict[str, Tensor]:
     theta = (p0.log() - (1 - p0).log())[:, None, None].expand(len(p0), 2, s).reshape(-1)  # logit of A
     clipped = torch.tensor([True, False]).repeat_interleave(s).repeat(len(p0))
     runs = theta.shape[0]
-    rng = SeedRNG.from_seeds(list(range(s)) * 2 * len(p0), stream=600)
+    rng = SeedRNG.from_seeds(list(range(cfg.first_seed, cfg.first_seed + s)) * 2 * len(p0), stream=600)
     row_clipped = clipped.repeat_interleave(n)[:, None]
     for _ in range(cfg.choice_steps):
         u = rng.rand(2, n)
@@ -245,38 +297,32 @@ def run(cfg: Config) -> Result:
     ]
     order = expected_hits.argsort()
     success = (cov["sweep_final"][order] > cfg.success_threshold).to(_F64)  # [lrs by prior, seeds]
-    monotone = (success.diff(dim=0) >= 0).all(0).to(_F64)  # per seed: success non-decreasing in prior mass
+    monotone = (success.diff(dim=0) >= 0).all(0).to(_F64)
+    pattern = (1.0 - success[0]) * success[-1] * monotone  # per seed: 1 when success is a threshold in prior mass
+
+    def seeds(name: str, d: object, share: float = MEDIAN, margin: float = 0.0, reason: str = r) -> Comparison:
+        """A per-seed claim as a quantile criterion: P(d > margin) > share (an "every seed" floor: share 1/2)."""
+        return quantile_criterion(name, d, margin=margin, share=share, reason=reason)  # type: ignore[arg-type]
+
     comparisons = [
-        seedwise("A(i) base+sparse: 0.01 - P(tau)", per_seed(0.01 - cov["base sparse"]), margin=0.0, margin_reason=r),
-        seedwise("A(i) SFT+ +sparse: P(tau) - 0.9", per_seed(cov["sft+ sparse"] - 0.9), margin=0.0, margin_reason=r),
-        seedwise("A(ii) base+dense: P(tau) - 0.9", per_seed(cov["base dense"] - 0.9), margin=0.0, margin_reason=r),
-        seedwise(
-            "A(iii) SFT- +sparse: 0.01 - P(tau)", per_seed(0.01 - cov["sft- sparse"]), margin=0.0, margin_reason=r
+        quantile_criterion(
+            "A(iv) sparse success: fails at the base prior, succeeds at the largest, non-decreasing between",
+            pattern, margin=0.5, share=MEDIAN, role=Role.PRIMARY,
+            reason=r + "; the sweep's threshold in n P(tau), per seed, in most seeds (share 1/2)",
         ),
-        fraction_criterion(
-            "A(iv) success non-decreasing in prior mass across the sweep",
-            monotone,
-            fraction=7 / 8,
-            margin=0.5,
-            reason=r + "; 'one inversion of <= 1 seed' of 8 as a share of seeds",
-        ),
-    ]
+        seeds("A(i) base+sparse: 0.01 - P(tau)", per_seed(0.01 - cov["base sparse"])),
+        seeds("A(i) SFT+ +sparse: P(tau) - 0.9", per_seed(cov["sft+ sparse"] - 0.9)),
+        seeds("A(ii) base+dense: P(tau) - 0.9", per_seed(cov["base dense"] - 0.9)),
+        seeds("A(iii) SFT- +sparse: 0.01 - P(tau)", per_seed(0.01 - cov["sft- sparse"])),
+    ]  # fmt: skip
     final_sorted, hits_sorted = cov["sweep_final"][order], expected_hits[order]
     for i, hits in enumerate(hits_sorted.tolist()):
-        if hits < 4:  # success rate <= 0.3: at least 70% of seeds fail
-            comparisons.append(
-                fraction_criterion(
-                    f"A(iv) n P = {hits:.3g} < 4: {cfg.success_threshold} - final P(tau)",
-                    cfg.success_threshold - final_sorted[i], fraction=0.7, reason=r + "; success rate <= 0.3",
-                )
-            )  # fmt: skip
+        if hits < 4:  # success rate <= 0.3: a seed fails with probability > 0.7
+            comparisons.append(seeds(f"A(iv) n P = {hits:.3g} < 4: {cfg.success_threshold} - final P(tau)",
+                                     cfg.success_threshold - final_sorted[i], 0.7, reason=r + "; success rate <= 0.3"))  # fmt: skip
         elif hits > 7:  # success rate >= 0.75
-            comparisons.append(
-                fraction_criterion(
-                    f"A(iv) n P = {hits:.3g} > 7: final P(tau) - {cfg.success_threshold}",
-                    final_sorted[i] - cfg.success_threshold, fraction=0.75, reason=r + "; success rate >= 0.75",
-                )
-            )  # fmt: skip
+            comparisons.append(seeds(f"A(iv) n P = {hits:.3g} > 7: final P(tau) - {cfg.success_threshold}",
+                                     final_sorted[i] - cfg.success_threshold, 0.75, reason=r + "; success rate >= 0.75"))  # fmt: skip
     for key in ("domain0 held-out", "domain1", "domain2", "train prompts"):
         for regime in ("narrow", "broad"):
             metrics.append(Metric(f"B {regime}: delta accuracy {key}", per_seed(brd[f"{regime} dacc {key}"])))
@@ -287,45 +333,34 @@ def run(cfg: Config) -> Result:
     drop_broad = torch.stack([-brd[f"broad dacc {d}"] for d in ("domain0 held-out", "domain1", "domain2")])
     drop_narrow_other = torch.stack([-brd[f"narrow dacc {d}"] for d in ("domain1", "domain2")])
     h_train = brd["narrow entropy train prompts"]
+
+    def shifted(name: str, d: object, lo: float, hi: float) -> Comparison:
+        """A mean claim on an accuracy change moved into ``[lo, hi]`` (the declared range of ``d``)."""
+        return mean_criterion(name, d, margin=0.0, reason=r, bounds=(lo, hi))  # type: ignore[arg-type]
+
     comparisons += [
         *(
-            Comparison(
-                f"B(i) narrow: 0.02 - |delta acc| {d}",
-                per_seed(0.02 - brd[f"narrow dacc {d}"].abs()),
-                margin=0.0,
-                margin_reason=r,
-            )
+            shifted(f"B(i) narrow: 0.02 - |delta acc| {d}", per_seed(0.02 - brd[f"narrow dacc {d}"].abs()), -0.98, 0.02)
             for d in ("domain1", "domain2")
         ),
-        Comparison(
-            "B(i) narrow: -0.05 - delta acc domain0 held-out",
-            per_seed(-0.05 - brd["narrow dacc domain0 held-out"]),
-            margin=0.0,
-            margin_reason=r,
-        ),
-        Comparison(
-            "B(ii) narrow: relative entropy fall on training prompts - 0.5",
-            per_seed(1 - h_train[1] / h_train[0] - 0.5),
-            margin=0.0,
-            margin_reason=r,
-        ),
+        shifted("B(i) narrow: -0.05 - delta acc domain0 held-out",
+                per_seed(-0.05 - brd["narrow dacc domain0 held-out"]), -1.05, 0.95),
+        mean_criterion("B(ii) narrow: relative entropy fall on training prompts - 0.5",
+                       per_seed(1 - h_train[1] / h_train[0] - 0.5), margin=0.0, reason=r,
+                       assumption="a relative entropy change, unbounded below; assumed symmetric over seeds, so its median is its mean"),
         *(
-            Comparison(f"B(iii) broad: drop {d} - 0.05", per_seed(drop_broad[i] - 0.05), margin=0.0, margin_reason=r)
+            shifted(f"B(iii) broad: drop {d} - 0.05", per_seed(drop_broad[i] - 0.05), -1.05, 0.95)
             for i, d in enumerate(("domain0 held-out", "domain1", "domain2"))
         ),
-        Comparison(
-            "B(iii) min broad drop - max narrow drop on domains 1-2",
-            per_seed(drop_broad.min(0).values - drop_narrow_other.max(0).values),
-            margin=0.0,
-            margin_reason=r,
-        ),
-        Comparison(
+        shifted("B(iii) min broad drop - max narrow drop on domains 1-2",
+                per_seed(drop_broad.min(0).values - drop_narrow_other.max(0).values), -2.0, 2.0),
+        mean_criterion(
             "B known deviation: broad entropy change on domain 1 (paper: increase)",
-            per_seed(brd["broad entropy domain1"][1] - brd["broad entropy domain1"][0]),
-            asserted=False,
-            margin_reason="reported only (docs: methods/demystifying.md 7B: the linear toy does not reproduce the entropy direction)",
+            per_seed(brd["broad entropy domain1"][1] - brd["broad entropy domain1"][0]), margin=0.0, role=Role.CONTEXT,
+            assumption="an entropy change, reported only",
+            reason="reported only (docs: methods/demystifying.md 7B: the linear toy does not reproduce the entropy direction)",
         ),
-    ]
+    ]  # fmt: skip
     final = cho["final"]  # [priors, clipped/unclipped, seeds]
     for i, p0 in enumerate(cfg.choice_priors):
         sign = 1.0 if p0 > 0.5 else -1.0
@@ -337,23 +372,16 @@ def run(cfg: Config) -> Result:
             Metric(f"C p0={p0}: unclipped mean final p(A)", (float(unclipped.mean()),), note="calibration 0.50 / 0.47"),
         ]
         gap = abs(p0 - 0.5)
+        p_range = (-0.5, 1.0)  # 0.5 + |p0 - 0.5| - p and p - (0.5 - |p0 - 0.5|) for p in [0, 1], |p0 - 0.5| <= 0.5
         comparisons += [
-            fraction_criterion(
-                f"C p0={p0}: clipped final p(A) moves toward the majority (median)",
-                sign * (clipped - p0), fraction=0.5, reason=r + "; median beyond p0 = more than half the seeds",
-            ),
-            fraction_criterion(
-                f"C p0={p0}: clipped final p(A) moves toward the majority",
-                sign * (clipped - p0), fraction=0.55, reason=r + "; >= 55% of seeds toward the majority",
-            ),
-            mean_criterion(
-                f"C p0={p0}: unclipped mean final p(A) below 0.5 + |p0 - 0.5|",
-                0.5 + gap - unclipped, margin=0.0, reason=r + "; unclipped mean closer to 0.5 than p0",
-            ),
-            mean_criterion(
-                f"C p0={p0}: unclipped mean final p(A) above 0.5 - |p0 - 0.5|",
-                unclipped - (0.5 - gap), margin=0.0, reason=r + "; unclipped mean closer to 0.5 than p0",
-            ),
+            seeds(f"C p0={p0}: clipped final p(A) moves toward the majority", sign * (clipped - p0),
+                  reason=r + "; median beyond p0 = more than half the seeds"),
+            seeds(f"C p0={p0}: clipped final p(A) moves toward the majority in >= 55% of seeds", sign * (clipped - p0),
+                  0.55, reason=r + "; >= 55% of seeds toward the majority"),
+            mean_criterion(f"C p0={p0}: unclipped mean final p(A) below 0.5 + |p0 - 0.5|", 0.5 + gap - unclipped,
+                           margin=0.0, reason=r + "; unclipped mean closer to 0.5 than p0", bounds=p_range),
+            mean_criterion(f"C p0={p0}: unclipped mean final p(A) above 0.5 - |p0 - 0.5|", unclipped - (0.5 - gap),
+                           margin=0.0, reason=r + "; unclipped mean closer to 0.5 than p0", bounds=p_range),
         ]  # fmt: skip
     return Result(
         metrics=tuple(metrics),
@@ -362,12 +390,32 @@ def run(cfg: Config) -> Result:
     )
 
 
-register_check(
+CHECK = register_check(
     PaperCheck(
         id="06",
         paper="Clay et al. 2026, Demystifying RL Post-Training of Language Models, arXiv:2608.24949",
         claim="Sparse RL needs prior coverage, dense rewards remove it; random rewards damage what the prompts cover",
+        abstract=(
+            "We also provide insight into why the success of RL post-training depends on whether the base model "
+            "already places sufficient probability mass on the desired behavior, linking it to the classical "
+            "concept of exploration in RL."
+        ),
         config_type=Config,
         run=run,
+        mutants=(
+            Mutant(
+                "dense-for-sparse",
+                "part A's sparse runs get the dense reward: prior mass no longer gates learning",
+                lambda c: dataclasses.replace(c, substitute=((Reward.SPARSE, Reward.DENSE),)),
+            ),
+            Mutant(
+                "random-for-sparse",
+                "part A's sparse runs get a spurious U[0, 1] reward: no prior mass makes learning succeed",
+                lambda c: dataclasses.replace(c, substitute=((Reward.SPARSE, Reward.RANDOM),)),
+            ),
+        ),
     )
 )
+
+if __name__ == "__main__":
+    raise SystemExit(main_for(CHECK))

@@ -1,13 +1,19 @@
-"""The README method table's status column, generated from a full run's ``results.json``.
+"""The README method table's generated columns, from a full run's ``results.json`` (and ``mutants.json``).
 
-The table sits between ``<!-- METHOD TABLE -->`` and ``<!-- END METHOD TABLE -->``. Its other
-columns (paper, estimators, check ids) are hand-written and kept byte for byte; only the last
-column of a row whose ``check`` column names check ids is rewritten: per check the verdict, how many
-asserted criteria pass, the failing asserted criteria with their numbers, and the headline
-comparisons that are only reported. `update_readme` also stores the results next to the
-README (``docs/paper_checks/results.json``) so a test can show the table matches them.
+The table sits between ``<!-- METHOD TABLE -->`` and ``<!-- END METHOD TABLE -->``. Its hand-written
+columns (paper, estimators, check ids) are kept byte for byte; in a row whose ``check`` column names
+check ids, two cells are generated:
 
-Usage: ``posttrain check --out reports --update-readme`` (a full run), or
+- ``can it fail``: each declared mutant (a wrong method) and the verdict the check gave it, from
+  ``mutants.json`` (a column inserted before ``status`` when the table has none);
+- ``status`` (the last column): per check the three-way verdict, the primary endpoint with the
+  abstract sentence it tests and its numbers (the minimum detectable effect when inconclusive),
+  the secondary criteria holding, and the headline comparisons that are only reported.
+
+`update_readme` also stores the files next to the README (``docs/paper_checks/results.json`` and
+``mutants.json``) so a test can show the table matches them.
+
+Usage: ``posttrain check --out reports --mutants --update-readme`` (a full run), or
 ``python -m posttrain.paper_checks.readme_table reports/results.json README.md``.
 """
 
@@ -21,45 +27,56 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import DomainError
+from posttrain.paper_checks.report import interval_text, primary_text, secondary_count
 
-__all__ = ["STORED_RESULTS", "check_status", "render_table", "update_readme"]
+__all__ = [
+    "FAIL_COLUMN",
+    "STORED_MUTANTS",
+    "STORED_RESULTS",
+    "check_status",
+    "mutant_status",
+    "render_table",
+    "update_readme",
+]
 
 BEGIN, END = "<!-- METHOD TABLE -->", "<!-- END METHOD TABLE -->"
 STORED_RESULTS = Path("docs") / "paper_checks" / "results.json"
 """Where `update_readme` keeps the results the table was generated from (relative to the README)."""
+STORED_MUTANTS = Path("docs") / "paper_checks" / "mutants.json"
+"""Where `update_readme` keeps the mutant runs the "can it fail" column was generated from."""
+FAIL_COLUMN = "can it fail"
 _ID = re.compile(r"^\d{2}[a-z]?$")
 
 
-def _num(x: Any) -> str:
-    return "nan" if x is None or x != x else f"{x:+.3g}"
-
-
-def _row_numbers(c: dict[str, Any]) -> str:
-    if c.get("kind") == "fraction":
-        return f"{c['count']}/{c['n']} seeds > {c['margin']:.3g}, needs {c['required']}"
-    if c.get("kind") == "exact":
-        return f"{_num(c['mean'])} (exact), needs > {c['margin']:.3g}"
-    return f"mean {_num(c['mean'])} [{_num(c['ci_low'])}, {_num(c['ci_high'])}], needs > {c['margin']:.3g}"
-
-
-def check_status(check: dict[str, Any], *, max_failing: int = 2) -> str:
-    """One check's status text: verdict, asserted criteria passing, failing ones, reported headline rows."""
+def check_status(check: dict[str, Any]) -> str:
+    """One check's status: verdict, primary endpoint (abstract sentence, numbers), secondary criteria, headlines."""
     verdict = check["verdict"]
     if verdict == "error":
-        return "**error**"
-    asserted = [c for c in check["comparisons"] if c["asserted"]]
-    passed = sum(c["passed"] for c in asserted)
+        return f"**error**: {check.get('error') or ''}".rstrip(": ").replace("|", "\\|")
     word = verdict if verdict == "reproduced" else f"**{verdict}**"
-    parts = [f"{word} ({passed}/{len(asserted)} asserted pass)"]
-    failing = [c for c in asserted if not c["passed"]]
-    for c in failing[:max_failing]:
-        parts.append(f"fails: {c['name']}: {_row_numbers(c)}")
-    if len(failing) > max_failing:
-        parts.append(f"and {len(failing) - max_failing} more failing")
+    parts = [word]
+    if check.get("abstract"):
+        parts.append(f'tests "{check["abstract"]}"')
+    parts.append(f"primary {primary_text(check)}")
+    parts.append(f"secondary holding {secondary_count(check)}")
     for c in check["comparisons"]:
-        if c.get("headline") and not c["asserted"]:
-            word = "would pass" if c["passed"] else "would fail"
-            parts.append(f"reported only: {c['name']}: {_row_numbers(c)} ({word})")
+        if c.get("headline") and c["role"] == "context":
+            parts.append(f"reported only: {c['name']}: {interval_text(c)} ({c['outcome']})")
+    return "; ".join(parts).replace("|", "\\|")
+
+
+def mutant_status(check_id: str, mutants: list[dict[str, Any]] | None) -> str:
+    """The "can it fail" cell of one check: ``name: verdict`` per mutant run (``-`` without a record)."""
+    if mutants is None:
+        return "-"
+    rows = [m for m in mutants if m["id"] == check_id]
+    if not rows:
+        return "no mutant declared"
+    parts = []
+    for m in rows:
+        numbers = f" ({interval_text(m['primary'])})" if m.get("primary") else ""
+        word = m["verdict"] if m["verdict"] != "reproduced" else "**reproduced**"
+        parts.append(f"{m['mutant']}: {word}{numbers}")
     return "; ".join(parts).replace("|", "\\|")
 
 
@@ -67,10 +84,19 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split(" | ")]
 
 
-def render_table(readme: str, results: dict[str, Any]) -> tuple[str, int]:
-    """``readme`` with the status column rewritten from ``results``; returns (text, cells changed).
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
-    Rows whose ``check`` column names ids missing from ``results`` are left as they are.
+
+def _joined(ids: list[str], texts: list[str]) -> str:
+    return texts[0] if len(ids) == 1 else "; ".join(f"{x}: {t}" for x, t in zip(ids, texts, strict=True))
+
+
+def render_table(readme: str, results: dict[str, Any], mutants: dict[str, Any] | None = None) -> tuple[str, int]:
+    """``readme`` with the generated cells rewritten from ``results`` (and ``mutants``); returns (text, lines changed).
+
+    Rows whose ``check`` column names ids missing from ``results`` are left as they are (a missing
+    ``can it fail`` column is inserted, with ``-`` in such rows).
 
     Raises:
         DomainError: the markers are missing or the table has no ``check`` and ``status`` columns.
@@ -86,41 +112,51 @@ def render_table(readme: str, results: dict[str, Any]) -> tuple[str, int]:
     cols = _cells(lines[header])
     if "check" not in cols or cols[-1] != "status":
         raise DomainError(f"readme: expected 'check' and a last 'status' column, got {cols}")
-    at = cols.index("check")
-    by_id = {c["id"]: c for c in results["checks"]}
-    changed = 0
+    insert = FAIL_COLUMN not in cols
+    if insert:
+        lines[header] = _row([*cols[:-1], FAIL_COLUMN, "status"])
+        lines[header + 1] = _row(["---"] * (len(cols) + 1))
+    at, by_id = cols.index("check"), {c["id"]: c for c in results["checks"]}
+    runs = None if mutants is None else list(mutants.get("mutants", []))
+    changed = 2 if insert else 0  # the header and its rule
     for i in range(header + 2, len(lines)):
-        line = lines[i]
-        if not line.startswith("|"):
+        if not lines[i].startswith("|"):
             continue
-        cells = _cells(line)
+        cells = _cells(lines[i])
+        if insert:
+            cells = [*cells[:-1], "-", cells[-1]]
         ids = [x.strip() for x in cells[at].split(",")]
-        if not ids or not all(_ID.match(x) for x in ids) or not all(x in by_id for x in ids):
-            continue
-        texts = [check_status(by_id[x]) for x in ids]
-        status = texts[0] if len(ids) == 1 else "; ".join(f"{x}: {t}" for x, t in zip(ids, texts, strict=True))
-        prefix = line[: line.rstrip().rstrip("|").rstrip().rfind(" | ")]
-        new = f"{prefix} | {status} |"
-        if new != line:
+        if ids and all(_ID.match(x) for x in ids) and all(x in by_id for x in ids):
+            cells[-1] = _joined(ids, [check_status(by_id[x]) for x in ids])
+            if runs is not None:
+                cells[-2] = _joined(ids, [mutant_status(x, runs) for x in ids])
+        new = _row(cells)
+        if new != lines[i]:
             lines[i], changed = new, changed + 1
     return head + BEGIN + "\n".join(lines) + END + tail, changed
 
 
 def update_readme(results_path: Path, readme_path: Path) -> int:
-    """Rewrite ``readme_path``'s status column from ``results_path`` (a full run); store the results beside it."""
+    """Rewrite ``readme_path``'s generated cells from ``results_path`` (a full run) and ``mutants.json`` beside it.
+
+    The files are stored next to the README (`STORED_RESULTS`, `STORED_MUTANTS`).
+    """
     results = json.loads(Path(results_path).read_text())
     if results.get("mode") != "full":
         raise DomainError(f"results_path: expected a full run, got mode {results.get('mode')!r}")
-    text, changed = render_table(Path(readme_path).read_text(), results)
+    mutants_path = Path(results_path).with_name("mutants.json")
+    mutants = json.loads(mutants_path.read_text()) if mutants_path.exists() else None
+    text, changed = render_table(Path(readme_path).read_text(), results, mutants)
     Path(readme_path).write_text(text)
-    stored = Path(readme_path).parent / STORED_RESULTS
-    stored.parent.mkdir(parents=True, exist_ok=True)
-    if Path(results_path).resolve() != stored.resolve():
-        shutil.copyfile(results_path, stored)
+    for src, stored in ((Path(results_path), STORED_RESULTS), (mutants_path, STORED_MUTANTS)):
+        dst = Path(readme_path).parent / stored
+        if src.exists() and src.resolve() != dst.resolve():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
     return changed
 
 
 if __name__ == "__main__":  # pragma: no cover - a thin command-line wrapper
     if len(sys.argv) != 3:
         sys.exit("usage: python -m posttrain.paper_checks.readme_table RESULTS.json README.md")
-    print(f"{update_readme(Path(sys.argv[1]), Path(sys.argv[2]))} status cells rewritten")
+    print(f"{update_readme(Path(sys.argv[1]), Path(sys.argv[2]))} rows rewritten")

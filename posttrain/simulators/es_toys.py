@@ -21,18 +21,21 @@ Trainers (both call the library's estimators):
   per batch, so the gradient is exactly $-\frac1{BG}\sum\hat A\nabla\log\pi$), Adam.
 - `train_es`: per step a population from `evolution_strategy`,
   all members evaluated in one batched matmul on the same prompts; fitness = greedy accuracy (or
-  exact expected accuracy at temperature 1).
+  exact expected accuracy at temperature 1). Each member's noise is drawn once per step (a
+  `NoiseCache` shared by the perturbation and the update).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators.es import evolution_strategy, perturbed_params, tensor_seed
+from posttrain.estimators import evolution_strategy, perturbed_params, tensor_seed
+from posttrain.estimators.es import NoiseCache
 from posttrain.simulators.loop import grpo_surrogate
 
 __all__ = [
@@ -202,14 +205,15 @@ def train_es(
     for _ in range(steps):
         idx = _batches(gens, n_prompts, batch)
         pops = [es.ask(st) for st in states]
-        members = [perturbed_params(c, pop, sigma=sigma) for c, pop in zip(cur, pops, strict=True)]
+        caches = [NoiseCache() for _ in keys]  # the step's noise of every member: a few KiB per seed
+        members = [perturbed_params(c, pop, sigma=sigma, cache=k) for c, pop, k in zip(cur, pops, caches, strict=True)]
         batched = {n: torch.stack([m[n] for m in members]) for n in ("b", "W")}  # [S, P, ...]
         if fitness == "greedy":
             rewards = env.greedy_accuracy(batched, idx)  # [S, P]
         else:
             rewards = env.success(batched, temperature=1.0, idx=idx).mean(-1)
         for s in range(len(keys)):
-            cur[s], states[s] = es.update(cur[s], pops[s], rewards[s], states[s])
+            cur[s], states[s] = es.update(cur[s], pops[s], rewards[s], states[s], caches[s])
     return {n: torch.stack([c[n] for c in cur]) for n in ("b", "W")}
 
 
@@ -238,15 +242,19 @@ def run_bandit_arms(
     population: int = 32,
     sigma: float = 0.5,
     es_lr: float = 0.1,
+    substitute: Sequence[tuple[str, str]] = (),
 ) -> BanditArms:
     """Train the requested arms on pools drawn from ``seeds`` (test pools from ``seed + 1000``).
 
     Every arm gets its own generators derived from ``(seed, arm name)``; sequential arms split
     ``steps`` into two halves (the second phase starts a fresh Adam / continues the ES key).
+    ``substitute`` pairs ``(arm, stand_in)`` train ``arm`` exactly as ``stand_in`` (same generators:
+    the stand-in's own parameters), the paper checks' mutants.
     """
-    unknown = set(arms) - set(ARMS)
+    stand_in = dict(substitute)
+    unknown = (set(arms) | set(stand_in) | set(stand_in.values())) - set(ARMS)
     if unknown:
-        raise DomainError(f"arms: unknown {sorted(unknown)}; valid: {ARMS}")
+        raise DomainError(f"arms/substitute: unknown {sorted(unknown)}; valid: {ARMS}")
     train = make_bandit(seeds, n_prompts=n_train)
     test = make_bandit([s + 1000 for s in seeds], n_prompts=n_test)
     base = init_params(train)
@@ -267,20 +275,27 @@ def run_bandit_arms(
         )  # fmt: skip
 
     half = steps // 2
-    out: dict[str, BanditParams] = {}
-    for arm in arms:
+
+    def train_arm(arm: str) -> BanditParams:
         if arm == "base":
-            out[arm] = base
-        elif arm == "grpo":
-            out[arm] = grpo(base, "grpo", steps)
-        elif arm == "es":
-            out[arm] = es(base, "es", steps)
-        elif arm == "es_expected":
-            out[arm] = es(base, "es-expected", steps, fitness="expected")
-        elif arm == "es_then_grpo":
-            out[arm] = grpo(es(base, "seq-es1", half), "seq-grpo2", steps - half)
-        else:
-            out[arm] = es(grpo(base, "seq-grpo1", half), "seq-es2", steps - half)
+            return base
+        if arm == "grpo":
+            return grpo(base, "grpo", steps)
+        if arm == "es":
+            return es(base, "es", steps)
+        if arm == "es_expected":
+            return es(base, "es-expected", steps, fitness="expected")
+        if arm == "es_then_grpo":
+            return grpo(es(base, "seq-es1", half), "seq-grpo2", steps - half)
+        return es(grpo(base, "seq-grpo1", half), "seq-es2", steps - half)
+
+    trained: dict[str, BanditParams] = {}  # by training rule: a stand-in is trained once
+    out: dict[str, BanditParams] = {}
+    for name in arms:
+        arm = stand_in.get(name, name)
+        if arm not in trained:
+            trained[arm] = train_arm(arm)
+        out[name] = trained[arm]
     return BanditArms(train, test, out)
 
 
@@ -289,20 +304,22 @@ class BanditSetup:
     """The shared settings of the bandit arms (docs: methods/es_coverage.md, methods/es_solution_coverage.md); paper-check configs extend it."""
 
     seeds: int = 10
-    n_train: int = 4096
-    n_test: int = 2048
-    steps: int = 200
-    batch: int = 32
-    group: int = 8
-    grpo_lr: float = 0.1
-    population: int = 32
-    sigma: float = 0.5
-    es_lr: float = 0.1
+    n_train: int = 4096  # spec 7: train pool
+    n_test: int = 2048  # spec 7: test pool
+    steps: int = 200  # spec 7
+    batch: int = 32  # spec 7: B prompts per step
+    group: int = 8  # spec 7: G
+    grpo_lr: float = 0.1  # spec 7: Adam
+    population: int = 32  # spec 7: N = 4G (matched compute)
+    sigma: float = 0.5  # spec 7
+    es_lr: float = 0.1  # spec 7: alpha
+    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (pilots: 10_000 ..)
+    substitute: tuple[tuple[str, str], ...] = ()  # mutants: (arm, stand-in) trains an arm as another one
 
     def train_arms(self, arms: tuple[str, ...]) -> BanditArms:
-        """`run_bandit_arms` on seeds ``0 .. seeds-1`` with these settings."""
+        """`run_bandit_arms` on seeds ``first_seed .. first_seed + seeds - 1`` with these settings."""
         return run_bandit_arms(
-            list(range(self.seeds)), arms=arms, n_train=self.n_train, n_test=self.n_test, steps=self.steps,
-            batch=self.batch, group=self.group, grpo_lr=self.grpo_lr, population=self.population,
-            sigma=self.sigma, es_lr=self.es_lr,
+            list(range(self.first_seed, self.first_seed + self.seeds)), arms=arms, n_train=self.n_train,
+            n_test=self.n_test, steps=self.steps, batch=self.batch, group=self.group, grpo_lr=self.grpo_lr,
+            population=self.population, sigma=self.sigma, es_lr=self.es_lr, substitute=self.substitute,
         )  # fmt: skip

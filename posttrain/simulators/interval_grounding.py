@@ -16,6 +16,7 @@ U_e [S, A, A])`` with A = bins.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,10 +50,15 @@ class IntervalTask:
     bins: int
 
     @classmethod
-    def random(cls, seeds: int, *, prompts: int = 64, bins: int = 16, dim: int = 8, max_len: int = 4) -> IntervalTask:
-        """Lengths U{1..max_len}, starts U{0..bins-L}, features N(0, I); seed s uses generator ``700 + s``."""
+    def random(
+        cls, seeds: int | Sequence[int], *, prompts: int = 64, bins: int = 16, dim: int = 8, max_len: int = 4
+    ) -> IntervalTask:
+        """Lengths U{1..max_len}, starts U{0..bins-L}, features N(0, I); seed s uses generator ``700 + s``.
+
+        ``seeds``: the seeds themselves, or a count ``n`` for seeds ``0 .. n-1``.
+        """
         feats, starts, ends = [], [], []
-        for s in range(seeds):  # one environment per seed (a handful of tiny draws)
+        for s in range(seeds) if isinstance(seeds, int) else seeds:  # one environment per seed (tiny draws)
             gen = torch.Generator().manual_seed(700 + s)
             length = torch.randint(1, max_len + 1, (prompts,), generator=gen)
             start = (torch.rand(prompts, generator=gen, dtype=torch.float64) * (bins - length + 1)).long()

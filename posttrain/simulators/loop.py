@@ -30,9 +30,14 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators import AggregationMode, get_advantage, get_policy_loss, zero_off_mask
-from posttrain.estimators.advantages import group_normalized_advantages
-from posttrain.estimators.losses import clipped_ratio_loss
+from posttrain.estimators import (
+    AggregationMode,
+    clipped_ratio_loss,
+    get_advantage,
+    get_policy_loss,
+    group_normalized_advantages,
+    zero_off_mask,
+)
 from posttrain.simulators._base import SeedRNG, ToyEnv
 
 __all__ = ["EstimatorBundle", "TrainLog", "aggregate_per_seed", "bundle", "grpo_surrogate", "train", "train_step"]

@@ -11,6 +11,7 @@ Capability of a domain: mean over its states of $p_S(\arg\max p_T\mid s)$ (exact
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ class MultiDomainTask:
     @classmethod
     def random(
         cls,
-        seeds: int,
+        seeds: int | Sequence[int],
         *,
         lengths: tuple[int, ...] = (24, 20, 2),
         states_per_domain: int = 30,
@@ -41,10 +42,13 @@ class MultiDomainTask:
         vocab: int = 8,
         teacher_scale: float = 8.0,
     ) -> MultiDomainTask:
-        """Seed s uses generator ``800 + s``; teachers $U^*_d \\sim \\mathcal N(0, \\text{scale}^2)$."""
+        """Seed s uses generator ``800 + s``; teachers $U^*_d \\sim \\mathcal N(0, \\text{scale}^2)$.
+
+        ``seeds``: the seeds themselves, or a count ``n`` for seeds ``0 .. n-1``.
+        """
         n_dom, p = len(lengths), states_per_domain
         feats, teach = [], []
-        for s in range(seeds):  # one environment per seed (a few tiny draws)
+        for s in range(seeds) if isinstance(seeds, int) else seeds:  # one environment per seed (a few tiny draws)
             gen = torch.Generator().manual_seed(800 + s)
             phi = torch.randn(n_dom * p, feature_dim, generator=gen, dtype=torch.float64) / feature_dim**0.5
             u_star = teacher_scale * torch.randn(n_dom, feature_dim, vocab, generator=gen, dtype=torch.float64)

@@ -15,6 +15,7 @@ group advantages, plain SGD ascent on the trajectory log-likelihood's score func
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -188,12 +189,14 @@ def train_grpo_routing(
     batch: int = 64,
     group: int = 8,
     lr: float = 2.0,
+    advantage: Callable[[Tensor], Tensor] = grpo_advantages_population_std,
 ) -> tuple[RoutingParams, Tensor]:
     r"""GRPO by plain SGD ascent: $\theta \leftarrow \theta + \frac{lr}{BG}\sum A\,\nabla\log p(\text{traj})$.
 
     ``w_eval [R]`` is each run's share of evaluation problems; ``lengths`` is one inclusive range
-    ``(low, high)`` or per-run ranges ``[R, 2]``. Returns the final parameters and the sampled
-    forward share per update, ``[R, steps]``.
+    ``(low, high)`` or per-run ranges ``[R, 2]``; ``advantage`` maps the rewards ``[R, B, G]`` to
+    advantages of the same shape (default GRPO's, `grpo_advantages_population_std`). Returns the final
+    parameters and the sampled forward share per update, ``[R, steps]``.
     """
     p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     r = w_eval.shape[0]
@@ -205,7 +208,7 @@ def train_grpo_routing(
         types = (u[:, 0] >= w_eval[:, None].double()).long().repeat_interleave(group, dim=1)  # [R, B*G]
         length = (low + (u[:, 1] * width).long()).repeat_interleave(group, dim=1)
         strategies, fail, correct = sample_rollouts(p, spec, types, length, gens)
-        adv = grpo_advantages_population_std(correct.double().reshape(r, batch, group)).reshape(r, -1)
+        adv = advantage(correct.double().reshape(r, batch, group)).reshape(r, -1)
         ll = trajectory_loglik(p, spec, types, length, strategies, fail)
         grads = torch.autograd.grad((adv * ll).mean(-1).sum(), list(p.values()))
         with torch.no_grad():

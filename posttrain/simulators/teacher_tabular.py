@@ -265,20 +265,21 @@ def train_methods(
     k: int,
     lr: float,
     curve: bool = False,
+    seeds: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Train every method from ``student [S, G, N, V]`` on the binary task ``correct [S, G, C, T]``, side by side.
 
     Returns:
         ``(p [M, S, G], curve [steps + 1, M, S])``: final exact per-prompt success probabilities
         and the mean success after every step (only with ``curve=True``; else ``[0, M, S]``).
-        Seed ``s`` of every method uses sampling seed ``s``.
+        Seed row ``s`` of every method uses sampling seed ``seeds[s]`` (default ``s``).
     """
     n_m, n_s = len(methods), student.shape[0]
     rep = correct.repeat(n_m, *([1] * (correct.ndim - 1)))
     res = train_with_teacher(
         spec, student.repeat(n_m, *([1] * (student.ndim - 1))), stack_methods(methods), match_reward(rep),
         (lambda theta: exact_success(spec, theta, rep).mean(-1)) if curve else None,
-        steps=steps, k=k, seeds=list(range(n_s)) * n_m, lr=lr,
+        steps=steps, k=k, seeds=list(range(n_s) if seeds is None else seeds) * n_m, lr=lr,
     )  # fmt: skip
     with torch.no_grad():
         p = exact_success(spec, res.theta, rep).reshape(n_m, n_s, -1)

@@ -1,4 +1,4 @@
-"""Paper check 01 (OPD-then-RL): contract, determinism, method stacking, no teacher after the switch."""
+"""Paper check 01 (OPD-then-RL): contract, determinism, method stacking, pilot seeds, no teacher after the switch."""
 
 from __future__ import annotations
 
@@ -9,19 +9,26 @@ from typing import Any
 import pytest
 from torch import Tensor
 
-from posttrain.paper_checks.p01_opd_then_rl import ASSERTED, Config, run
-from tests.paper_checks._distill_contract import assert_contract
+from posttrain.paper_checks.model import Role
+from posttrain.paper_checks.p01_opd_then_rl import ASSERTED, SHARED, Config, run
+from tests.paper_checks._distill_contract import assert_contract, assert_first_seed_moves
 from tests.paper_checks._recorded import assert_matches_recorded
 
-TINY = dataclasses.replace(Config.smoke(), num_prompts=4, steps=12, switch=5)
+TINY = dataclasses.replace(Config.smoke(), num_prompts=4, steps=12, switch=5, shared_prompts=3, shared_dim=16)
 
 
 def test_contract_and_determinism() -> None:
     result = assert_contract(run, TINY)
     names = {m.name for m in result.metrics}
     assert {f"p@1 {m}" for m in ASSERTED} <= names
-    d = [c for c in result.comparisons if c.name.startswith("D ")]
-    assert len(d) == 1 and not d[0].asserted  # spec D is reported, never asserted
+    assert {f"shared: p@1 {m}" for m in SHARED} <= names
+    assert result.primary.name.startswith("shared: ") and result.primary.headline  # judged on shared parameters
+    tabular_d = [c for c in result.comparisons if c.name.startswith("tabular D")]
+    assert len(tabular_d) == 1 and tabular_d[0].role is Role.CONTEXT  # the tabular headline is reported only
+
+
+def test_pilot_seeds_are_other_seeds() -> None:
+    assert_first_seed_moves(run, TINY)
 
 
 def test_stacked_methods_are_independent_of_their_block_order() -> None:
@@ -54,6 +61,8 @@ def test_opd_then_rl_runs_the_teacher_only_before_the_switch(monkeypatch: pytest
 
     monkeypatch.setattr(p01, "fixed_token_logp", counting)  # the check's only teacher forward
     cfg = dataclasses.replace(TINY, steps=9, switch=4)
-    env = p01._make_env(cfg)
-    train_methods(env.spec, env.student, env.targets, [p01._method("opd_then_rl", cfg, env)], steps=9, k=4, lr=0.05)
+    env = p01._make_env(cfg, cfg.num_prompts)
+    train_methods(
+        env.spec, env.student, env.targets, [p01._method(p01.Method.OPD_THEN_RL, cfg, env)], steps=9, k=4, lr=0.05
+    )
     assert len(calls) == 4  # steps 1..S only

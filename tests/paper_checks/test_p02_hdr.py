@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages
-from posttrain.estimators.replay import replay_add, replay_init, replay_rule, replay_select
+from posttrain.estimators import (
+    aggregate,
+    clipped_ratio_loss,
+    group_normalized_advantages,
+    replay_add,
+    replay_init,
+    replay_select,
+)
+from posttrain.estimators.selection import replay_rule
 from posttrain.paper_checks import p02_hdr
+from posttrain.paper_checks._plans import seeds_for_share
 from posttrain.paper_checks.p02_hdr import Config, run, train_seed
 from posttrain.simulators import sample_arms
 from posttrain.validate import value_checks
@@ -156,3 +164,15 @@ def test_batched_runs_equal_one_run_at_a_time() -> None:
         if not math.isnan(want["replayed_headroom"]):
             assert got["replayed_headroom"] == pytest.approx(want["replayed_headroom"], rel=0, abs=1e-12)
     assert any(r["replayed_per_step"] > 0 for r in batched) and any(0 < r["acceptance"] < 1 for r in batched)
+
+
+def test_primary_plan_and_seed_ranges() -> None:
+    """The primary is the per-seed claim; its seed count is the plan's; the pilot range shares no
+    seed with the calibration or the evaluation, and moving the range does not recalibrate."""
+    cfg = Config()
+    assert cfg.seeds == seeds_for_share(0.9)
+    pilot = set(range(20_000, 20_016))
+    assert not pilot & set(cfg.calibration_seeds) and not pilot & set(range(cfg.seeds))
+    assert p02_hdr._calibration_key(cfg) == p02_hdr._calibration_key(dataclasses.replace(cfg, first_seed=20_000))
+    result = run(TINY)
+    assert result.primary.name == "HD - naive" and result.primary.share == 0.5

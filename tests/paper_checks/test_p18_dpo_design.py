@@ -7,8 +7,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from posttrain.paper_checks.base import Result, Verdict, verdict_of
+from posttrain.paper_checks.model import Result, Role, Verdict
 from posttrain.paper_checks.p18_dpo_design import Config, run
+from posttrain.paper_checks.stats import verdict_of
 from tests.paper_checks._es_contract import CheckContract
 
 
@@ -23,12 +24,12 @@ class TestP18(CheckContract):
         assert verdict_of(smoke_result) is Verdict.REPRODUCED
 
     def test_unresolvable_ordering_is_reported_with_its_numbers(self, smoke_result: Result) -> None:
-        """Criterion 3's uniform vs pi0-pair pair is shown, not asserted, and the notes give both numbers."""
+        """Criterion 3's uniform vs pi0-pair pair is shown, not judged, and the notes give both numbers."""
         rows = [c for c in smoke_result.comparisons if "predicted order" in c.name]
         assert len(rows) == 3
-        reported = [c for c in rows if not c.asserted]
+        reported = [c for c in rows if c.role is Role.CONTEXT]
         assert len(reported) == 1 and "plug-in" not in reported[0].name
-        assert all("plug-in" in c.name for c in rows if c.asserted)
+        assert all("plug-in" in c.name for c in rows if c.role is not Role.CONTEXT)
         assert "predicted n*gap difference" in smoke_result.notes and "standard error" in smoke_result.notes
 
 

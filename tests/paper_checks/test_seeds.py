@@ -1,28 +1,29 @@
-"""``_seeds.seedwise``: "in at least a fraction f of the seeds", counted and binomial-tested."""
+"""Per-seed claims ("in every seed", "in >= f of the seeds") as quantile criteria: counted, Clopper-Pearson-judged."""
 
 from __future__ import annotations
-
-import math
 
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from posttrain.paper_checks._seeds import order_statistic, seedwise
-from posttrain.paper_checks.base import ALPHA, Criterion, compare
+from posttrain.paper_checks.model import ALPHA, Criterion, quantile_criterion
+from posttrain.paper_checks.stats import Outcome, compare
 
 
 @given(
     d=st.lists(st.floats(-1, 1), min_size=1, max_size=16),
     margin=st.floats(-0.5, 0.5),
-    fraction=st.sampled_from([0.5, 0.8, 1.0]),
+    share=st.sampled_from([0.5, 0.8, 0.9]),
 )
-def test_seedwise_counts_seeds_and_tests_the_count(d: list[float], margin: float, fraction: float) -> None:
-    c = seedwise("x", d, margin=margin, margin_reason="test", fraction=fraction)
+def test_quantile_criterion_counts_seeds_and_bounds_the_share(d: list[float], margin: float, share: float) -> None:
+    c = quantile_criterion("x", d, margin=margin, share=share, reason="test")
     n, count = len(d), sum(x > margin for x in d)
-    share_ok = count >= math.ceil(fraction * n - 1e-12)
-    assert share_ok == (order_statistic(d, fraction=fraction) > margin)
-    test_ok = stats.binomtest(count, n, 0.5, alternative="greater").pvalue <= ALPHA if count else False
     st_ = compare(c)
-    assert st_.passed == (share_ok and test_ok)
-    assert st_.count == count and c.kind is Criterion.FRACTION and c.differences == tuple(d)
+    assert st_.count == count and st_.estimate == count / n and c.kind is Criterion.QUANTILE
+    assert c.differences == tuple(d)
+    # holds <=> the exact one-sided binomial test rejects "P(d > margin) <= share" (Clopper-Pearson duality)
+    rejects = count > 0 and stats.binomtest(count, n, share, alternative="greater").pvalue <= ALPHA
+    assert (st_.outcome is Outcome.HOLDS) == rejects
+    # excluded <=> the test of "P(d > margin) >= share" rejects in the other direction
+    below = count < n and stats.binomtest(count, n, share, alternative="less").pvalue <= ALPHA
+    assert (st_.outcome is Outcome.EXCLUDED) == below

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.path_space import girsanov_log_weights
+from posttrain.estimators import girsanov_log_weights
 from posttrain.simulators.sde import (
     EtaSchedule,
     GaussianMixture,
