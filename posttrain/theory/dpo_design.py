@@ -13,8 +13,9 @@ from a design ``q`` over candidate edges, the RLHF gap is of order $\tfrac1n\mat
 - the pseudo-inverse taken on the identifiable subspace (`identifiable_basis`,
   `design_trace`, which returns ``inf`` for a design that does not cover it).
 
-Solvers for the optimal design live in `posttrain.theory.dpo_design_solvers`; the data
-pipeline (pool in, selected pairs out) in `posttrain.theory.dpo_pair_selection`.
+The bounds (`gap_upper_bound`, the Van Trees lower bounds) live in `posttrain.theory.dpo_design_bounds`,
+solvers for the optimal design in `posttrain.theory.dpo_design_solvers`, the data pipeline (pool in,
+selected pairs out) in `posttrain.theory.dpo_pair_selection`.
 Arrays are float64 numpy; dimensions: ``G`` prompts, ``K`` completions per prompt, ``D`` features,
 ``E`` candidate edges (rows ``(prompt, a, b)``).
 
@@ -35,7 +36,6 @@ __all__ = [
     "design_trace",
     "edge_vectors",
     "fisher_weights",
-    "gap_upper_bound",
     "identifiable_basis",
     "information_matrix",
     "loglinear_logp",
@@ -44,7 +44,6 @@ __all__ = [
     "rlhf_gap",
     "rlhf_objective",
     "uniform_design",
-    "van_trees_lower_bound",
     "within_prompt_pairs",
 ]
 
@@ -120,7 +119,8 @@ def edge_vectors(phi: ArrayLike, edges: ArrayLike, *, beta: float = 1.0) -> Arra
 def fisher_weights(g: ArrayLike, theta: ArrayLike | None = None) -> Array:
     r"""Per-edge Bradley-Terry Fisher weights $\sigma'(u_e)=\sigma(u_e)(1-\sigma(u_e))$, $u_e=g_e^\top\theta$.
 
-    ``theta=None`` is the reference parameter (all implicit rewards 0, weight 1/4).
+    ``theta=None`` is the reference parameter (all implicit rewards 0, weight 1/4); ``theta`` ``[D]``
+    gives ``[E]``, a batch ``[N, D]`` gives ``[N, E]``.
 
     Examples:
         >>> fisher_weights(np.ones((2, 1))).tolist()
@@ -129,11 +129,11 @@ def fisher_weights(g: ArrayLike, theta: ArrayLike | None = None) -> Array:
     gg = as_array("g", g, 2)
     if theta is None:
         return np.full(gg.shape[0], 0.25)
-    t = as_array("theta", theta, 1)
-    if t.shape[0] != gg.shape[1]:
-        raise ShapeError(f"theta: expected shape [{gg.shape[1]}] (D of g), got {list(t.shape)}")
-    s = expit(gg @ t)
-    return s * (1.0 - s)
+    t = as_array("theta", theta, (1, 2))
+    if t.shape[-1] != gg.shape[1]:
+        raise ShapeError(f"theta: expected shape [..., {gg.shape[1]}] (D of g), got {list(t.shape)}")
+    s = expit(t @ gg.T)
+    return np.asarray(s * (1.0 - s))
 
 
 def information_matrix(g: ArrayLike, q: ArrayLike, *, theta: ArrayLike | None = None) -> Array:
@@ -145,10 +145,11 @@ def information_matrix(g: ArrayLike, q: ArrayLike, *, theta: ArrayLike | None = 
     Args:
         g: ``[E, D]`` edge vectors (`edge_vectors`).
         q: ``[E]`` design weights on the simplex.
-        theta: ``[D]`` parameter at which the Fisher weights are taken (``None``: reference, 1/4).
+        theta: ``[D]`` parameter at which the Fisher weights are taken (``None``: reference, 1/4), or
+            ``[N, D]`` (one matrix per row).
 
     Returns:
-        ``[D, D]``.
+        ``[D, D]`` (``[N, D, D]`` for a batch of ``theta``).
 
     Examples:
         >>> information_matrix(np.array([[1.0, -1.0]]), np.array([1.0])).tolist()
@@ -156,9 +157,9 @@ def information_matrix(g: ArrayLike, q: ArrayLike, *, theta: ArrayLike | None = 
     """
     gg = as_array("g", g, 2)
     qq = check_simplex("q", q, gg.shape[0])
-    w = qq * fisher_weights(gg, theta)
-    out = (gg * w[:, None]).T @ gg
-    return np.asarray(0.5 * (out + out.T))
+    w = qq * fisher_weights(gg, theta)  # [..., E]
+    out = np.swapaxes(w[..., None] * gg, -1, -2) @ gg
+    return np.asarray(0.5 * (out + np.swapaxes(out, -1, -2)))
 
 
 def loglinear_logp(phi: ArrayLike, theta: ArrayLike, logp_ref: ArrayLike) -> Array:
@@ -195,27 +196,30 @@ def policy_curvature(
 
     Args:
         phi: ``[G, K, D]`` completion features.
-        logp: ``[G, K]`` log-probs of $\pi_\theta$ over each prompt's pool (renormalised here).
+        logp: ``[G, K]`` log-probs of $\pi_\theta$ over each prompt's pool (renormalised here), or
+            ``[N, G, K]`` (one policy per row).
         beta: KL strength, > 0.
         prompt_weights: ``[G]`` prompt distribution $\rho$ (default uniform).
 
     Returns:
-        ``[D, D]`` symmetric PSD.
+        ``[D, D]`` symmetric PSD (``[N, D, D]`` for a batch).
 
     Examples:
         >>> policy_curvature(np.eye(2)[None], np.log([[0.5, 0.5]]), beta=2.0).tolist()
         [[0.25, -0.25], [-0.25, 0.25]]
     """
     f = as_array("phi", phi, 3)
-    lp = as_array("logp", logp, 2)
-    if lp.shape != f.shape[:2]:
-        raise ShapeError(f"logp: expected shape {list(f.shape[:2])} ([G, K] of phi), got {list(lp.shape)}")
+    lp = as_array("logp", logp, (2, 3))
+    if lp.shape[-2:] != f.shape[:2]:
+        raise ShapeError(
+            f"logp: expected shape [..., {f.shape[0]}, {f.shape[1]}] ([G, K] of phi), got {list(lp.shape)}"
+        )
     beta = check_positive("beta", beta)
     rho = _prompt_weights(prompt_weights, f.shape[0])
-    pi = np.exp(log_softmax(lp, axis=1))  # [G, K]
-    centred = f - np.einsum("gk,gkd->gd", pi, f)[:, None, :]
-    cov = np.einsum("g,gk,gkd,gke->de", rho, pi, centred, centred)
-    return np.asarray(0.5 * beta * 0.5 * (cov + cov.T))
+    pi = np.exp(log_softmax(lp, axis=-1))  # [..., G, K]
+    centred = f - np.einsum("...gk,gkd->...gd", pi, f)[..., None, :]  # [..., G, K, D]
+    cov = np.einsum("g,...gk,...gkd,...gke->...de", rho, pi, centred, centred, optimize=True)
+    return np.asarray(0.5 * beta * 0.5 * (cov + np.swapaxes(cov, -1, -2)))
 
 
 def identifiable_basis(g: ArrayLike, *, rtol: float = 1e-10) -> Array:
@@ -242,7 +246,9 @@ def centred_basis(d: int) -> Array:
     return np.asarray(q)
 
 
-def design_trace(M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = None, rtol: float = 1e-9) -> float:
+def design_trace(
+    M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = None, rtol: float = 1e-9
+) -> float | Array:
     r"""The bound's criterion $\mathrm{tr}(M\,\Sigma^\dagger)$ on the identifiable subspace ``U``.
 
     Computed as $\mathrm{tr}\big((U^\top MU)(U^\top\Sigma U)^{-1}\big)$. Returns ``inf`` when
@@ -250,10 +256,13 @@ def design_trace(M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = No
     the comparison graph is disconnected).
 
     Args:
-        M: ``[D, D]`` PSD weight (the policy curvature ``I``).
-        sigma: ``[D, D]`` design information.
+        M: ``[D, D]`` PSD weight (the policy curvature ``I``), or ``[N, D, D]``.
+        sigma: ``[D, D]`` design information, or ``[N, D, D]``.
         basis: ``[D, r]`` orthonormal basis (default: all of ``R^D``).
         rtol: eigenvalues below ``rtol * max`` count as zero.
+
+    Returns:
+        A float, or ``[N]`` when either matrix is batched.
 
     Examples:
         >>> design_trace(np.eye(2), np.diag([2.0, 4.0]))
@@ -261,54 +270,21 @@ def design_trace(M: ArrayLike, sigma: ArrayLike, *, basis: ArrayLike | None = No
         >>> design_trace(np.eye(2), np.diag([2.0, 0.0]))
         inf
     """
-    m = as_array("M", M, 2)
-    s = as_array("sigma", sigma, 2)
-    d = m.shape[0]
-    if m.shape != (d, d) or s.shape != (d, d):
-        raise ShapeError(f"M, sigma: expected square [D, D] of equal size, got {list(m.shape)}, {list(s.shape)}")
+    m = as_array("M", M, (2, 3))
+    s = as_array("sigma", sigma, (2, 3))
+    d = m.shape[-1]
+    if m.shape[-2:] != (d, d) or s.shape[-2:] != (d, d):
+        raise ShapeError(f"M, sigma: expected square [..., D, D] of equal size, got {list(m.shape)}, {list(s.shape)}")
     u = np.eye(d) if basis is None else as_array("basis", basis, 2)
     if u.shape[0] != d:
         raise ShapeError(f"basis: expected shape [{d}, r], got {list(u.shape)}")
     su = u.T @ s @ u
-    evals, evecs = np.linalg.eigh(0.5 * (su + su.T))
-    if evals.size == 0 or evals[-1] <= 0.0 or evals[0] <= rtol * evals[-1]:
-        return float("inf")
-    mu = evecs.T @ (u.T @ m @ u) @ evecs
-    return float(np.sum(np.diag(mu) / evals))
-
-
-def gap_upper_bound(trace: float, n: int, *, c_ub: float = 1.0) -> float:
-    r"""DPO upper bound $J(\pi^*)-J(\hat\pi_n)\le \tfrac{C_{ub}}{n}\mathrm{tr}(I(\theta^*)\Sigma(\theta^*)^\dagger)$.
-
-    ``c_ub`` is not available from the paper (it depends on the confidence level and regularity
-    constants); ``c_ub = 1`` gives the asymptotic mean gap under this package's normalisation of ``I``.
-
-    Examples:
-        >>> gap_upper_bound(6.0, 2000)
-        0.003
-    """
-    if int(n) < 1:
-        raise DomainError(f"n: expected a label count >= 1, got {n}")
-    return float(check_positive("c_ub", c_ub) * float(trace) / int(n))
-
-
-def van_trees_lower_bound(traces: ArrayLike, n: int, *, c_lb: float = 1.0) -> float:
-    r"""Van Trees lower bound $\tfrac{C_{lb}}{n}\mathbb E_{\theta^*}[\mathrm{tr}(I(\theta^*)\Sigma(\theta^*)^\dagger)]$.
-
-    Args:
-        traces: ``[N]`` criterion values at ``N`` draws of $\theta^*$ from the prior.
-        n: label budget; c_lb: the (unavailable) constant, default 1.
-
-    Examples:
-        >>> van_trees_lower_bound([4.0, 8.0], 100)
-        0.06
-    """
-    t = np.asarray(traces, dtype=np.float64).reshape(-1)
-    if t.size == 0 or np.any(np.isnan(t)):
-        raise DomainError("traces: expected a non-empty array without NaN")
-    if int(n) < 1:
-        raise DomainError(f"n: expected a label count >= 1, got {n}")
-    return float(check_positive("c_lb", c_lb) * t.mean() / int(n))
+    evals, evecs = np.linalg.eigh(0.5 * (su + np.swapaxes(su, -1, -2)))  # [..., r], [..., r, r]
+    mu = np.swapaxes(evecs, -1, -2) @ (u.T @ m @ u) @ evecs
+    singular = (evals[..., -1] <= 0.0) | (evals[..., 0] <= rtol * evals[..., -1]) if evals.shape[-1] else True
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(singular, np.inf, np.sum(np.diagonal(mu, axis1=-2, axis2=-1) / evals, axis=-1))
+    return float(out) if m.ndim == 2 and s.ndim == 2 else np.asarray(out, dtype=np.float64)
 
 
 def rlhf_objective(

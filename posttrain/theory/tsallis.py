@@ -18,7 +18,9 @@ logit gap and equals $\frac{K-1}{K}T^{M1}_q$ (a test checks this).
 Bias (binary rewards, $k\sim\mathrm{Bin}(M,P)$, $\bar w=k/M$; exact binomial sums
 next to their delta-method limits): the amplification factor
 $E[\bar w^{-q}\mid k>0]-P^{-q}\approx\frac{q(q+1)(1-P)}{2MP^{q+1}}$ and the gradient scale
-$M(P^{1-q}-E[\bar w^{1-q}])\to\frac{q(1-q)(1-P)}{2P^q}$.
+$M(P^{1-q}-E[\bar w^{1-q}])\to\frac{q(1-q)(1-P)}{2P^q}$, with variance
+$M\,\mathrm{Var}[\bar w^{1-q}]\to(1-q)^2P^{1-2q}(1-P)$. Tests compare each exact sum with Monte-Carlo
+draws of `posttrain.estimators.garl_weights` / `paft_weights` on a bandit.
 
 Symbolic twins (sympy) of the closed forms live beside the numeric functions; tests check they agree.
 
@@ -50,12 +52,15 @@ __all__ = [
     "ell_q_gradient",
     "escape_integral",
     "escape_time",
+    "escape_time_bracket",
     "escape_time_closed_form",
     "escort_minimiser",
     "fit_escape_slope",
     "fit_noisy_label_policy",
     "gradient_scale_deficit",
     "gradient_scale_deficit_limit",
+    "gradient_scale_variance",
+    "gradient_scale_variance_limit",
     "ln_q",
     "symbolic_delta_method_bias",
     "symbolic_ell_q_derivative",
@@ -166,11 +171,42 @@ def fit_noisy_label_policy(alpha: np.ndarray, q: float, *, gtol: float = 1e-12) 
 
 
 def escape_integral(p0: float, q: float, *, p_esc: float = 0.5) -> float:
-    r"""$I_q(p_0)=\int_{p_0}^{p_{esc}} P^{q-2}\,dP$, the escape time up to the score-norm bounds."""
+    r"""$I_q(p_0)=\int_{p_0}^{p_{esc}} P^{q-2}\,dP$, the escape time up to the score-norm bounds.
+
+    With $c\le s(\theta)\le C$ while $P\le p_{esc}$, $I_q/C\le T_q\le I_q/c$ (`escape_time_bracket`);
+    $T_q/I_q\to1$ as $p_0\to0$ in M1 for q < 1.
+
+    Examples:
+        >>> escape_integral(0.25, 0.0)  # 1/p0 - 1/p_esc
+        2.0
+    """
     q = _check_q(q)
     if q == 1.0:
         return math.log(p_esc / p0)
     return (p0 ** (q - 1.0) - p_esc ** (q - 1.0)) / (1.0 - q)
+
+
+def escape_time_bracket(
+    p0: float, q: float, *, model: Literal["sigmoid", "softmax"] = "sigmoid", K: int | None = None, p_esc: float = 0.5
+) -> tuple[float, float]:
+    r"""$(I_q/C,\ I_q/c)$: bounds on `escape_time` from the score norm $s\in[c, C]$ on $[p_0, p_{esc}]$.
+
+    M1: $s=(1-P)^2$; M2 (K arms): $s=\frac{K}{K-1}(1-P)^2$; so $C=\kappa(1-p_0)^2$, $c=\kappa(1-p_{esc})^2$.
+
+    Examples:
+        >>> lo, hi = escape_time_bracket(0.25, 0.0)
+        >>> round(lo, 4), hi, round(escape_time(0.25, 0.0), 4)
+        (3.5556, 8.0, 4.8639)
+    """
+    kappa = 1.0
+    if model == "softmax":
+        if K is None or int(K) < 2:
+            raise DomainError(f"K: the softmax model needs K >= 2 arms, got {K!r}")
+        kappa = int(K) / (int(K) - 1.0)
+    elif model != "sigmoid":
+        raise DomainError(f"model: expected 'sigmoid' or 'softmax', got {model!r}")
+    i = escape_integral(p0, q, p_esc=p_esc)
+    return i / (kappa * (1.0 - p0) ** 2), i / (kappa * (1.0 - p_esc) ** 2)
 
 
 def escape_time_closed_form(p0: float, q: float, *, p_esc: float = 0.5) -> float:
@@ -324,19 +360,52 @@ def amplification_bias_limit(p: float, q: float, m: int) -> float:
     return q * (q + 1.0) * (1.0 - p) / (2.0 * m * p ** (q + 1.0))
 
 
+def _scale_draws(p: float, q: float, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Values of the estimator's gradient scale $\bar w^{1-q}$ on each ``k`` (0 where ``k = 0``, q = 1 included) and their pmf."""
+    w, pmf = _binomial(p, m)
+    return np.where(w > 0, w ** (1.0 - q), 0.0), pmf
+
+
 def gradient_scale_deficit(p: float, q: float, m: int) -> float:
     r"""Exact $M(P^{1-q} - E[\bar w^{1-q}])$: the bias of the b=0 bandit gradient $\bar w^{1-q}(e_c-\pi)$, times M.
 
-    For $q<1$ the event $k=0$ contributes $0^{1-q}=0$; non-negative by Jensen.
+    The estimators give a prompt with $k=0$ weight exactly 0, so the event $k=0$ contributes 0 for
+    every q in [0, 1] (at q = 1 the deficit is $M(1-P)^M$, not 0). Non-negative by Jensen. With
+    several rewarded arms, $E[\hat g] = E[\bar w^{1-q}]\,\nabla P/P$: the same scale.
+
+    Examples:
+        >>> round(gradient_scale_deficit(0.5, 1.0, 2), 6)  # M (1 - P)^M
+        0.5
     """
     q = _check_q(q)
-    w, pmf = _binomial(p, m)
-    return m * (p ** (1.0 - q) - float(np.sum(pmf * np.where(w > 0, w, 0.0) ** (1.0 - q))))
+    x, pmf = _scale_draws(p, q, m)
+    return float(m * (p ** (1.0 - q) - np.sum(pmf * x)))
 
 
 def gradient_scale_deficit_limit(p: float, q: float) -> float:
     r"""Limit $q(1-q)(1-P)/(2P^q)$ of `gradient_scale_deficit` as $M\to\infty$."""
     return q * (1.0 - q) * (1.0 - p) / (2.0 * p**q)
+
+
+def gradient_scale_variance(p: float, q: float, m: int) -> float:
+    r"""Exact $M\,\mathrm{Var}[\bar w^{1-q}]$: the variance, times M, of the b=0 gradient's scale.
+
+    With one rewarded arm c, GARL (b = 0) and PAFT both give $\hat g = \bar w^{1-q}(e_c-\pi)$ (PAFT
+    resamples only rewarded traces), so this is their variance along $e_c-\pi$ over $|e_c-\pi|^2$.
+
+    Examples:
+        >>> round(gradient_scale_variance(0.5, 0.0, 4), 6)  # M Var[k/M] = P (1 - P)
+        0.25
+    """
+    q = _check_q(q)
+    x, pmf = _scale_draws(p, q, m)
+    mean = float(np.sum(pmf * x))
+    return float(m * np.sum(pmf * (x - mean) ** 2))
+
+
+def gradient_scale_variance_limit(p: float, q: float) -> float:
+    r"""Delta-method limit $(1-q)^2P^{1-2q}(1-P)$ of `gradient_scale_variance` ($MP\gg1$): it grows as $P\to0$ for $q>1/2$."""
+    return (1.0 - q) ** 2 * p ** (1.0 - 2.0 * q) * (1.0 - p)
 
 
 # ---------------------------------------------------------------- symbolic twins

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.dpo import PREFERENCE_LOSSES, dpo_loss
+from posttrain.estimators import PREFERENCE_LOSSES, dpo_loss
 from posttrain.theory.dpo_design import design_trace, information_matrix, policy_curvature, uniform_design
 from posttrain.theory.dpo_pair_selection import (
     select_pairs,

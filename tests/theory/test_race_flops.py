@@ -7,10 +7,12 @@ import pytest
 
 from posttrain.errors import DomainError, ShapeError
 from posttrain.theory.race_flops import (
+    Accounting,
     PolicyCost,
     RewardCost,
     RewardKind,
     flops_per_step,
+    learning_flops,
     reward_flops,
     search_flops,
 )
@@ -51,3 +53,30 @@ def test_bad_inputs_name_the_argument() -> None:
         RewardCost(RewardKind.MODEL)
     with pytest.raises(ShapeError, match="trained"):
         flops_per_step(TP, TR, np.ones((2, 3), dtype=bool), policy=PolicyCost(1.0))
+
+
+def test_executed_accountings_by_hand() -> None:
+    """One group, K = 2 rows, T_p = 3, T_r = 2; body N - n_head = 10, head 4 (counted where logits are computed)."""
+    policy = PolicyCost(14.0, n_head=4.0)
+    tp, tr = [3.0], [[2.0, 2.0]]
+    # generation: prefill 3 tokens + 1 head position; each row feeds its first sampled token (1 body, 1 head)
+    assert search_flops(tp, tr, policy=policy, accounting=Accounting.UNSHARED) == 2 * (10 * 3 + 4) + 2 * 2 * (10 + 4)
+    # unshared training pass: 5 tokens per row, head at T_r + 1 = 3 positions, x 6
+    assert learning_flops(tp, tr, policy=policy, accounting=Accounting.UNSHARED) == 2 * 6 * (10 * 5 + 4 * 3)
+    # shared prompt: the prompt once (3 tokens, head at 1), then 1 response token per row (head at 1)
+    assert learning_flops(tp, tr, policy=policy, accounting=Accounting.SHARED_PROMPT) == 6 * (10 * 3 + 4 + 2 * 14)
+    # a reference pass (forward only) of the shared path, and the per-token convention of the paper
+    shared_ref = learning_flops(tp, tr, policy=policy, ref_forward=True, accounting=Accounting.SHARED_PROMPT)
+    assert shared_ref == 8 * (10 * 3 + 4 + 2 * 14)
+    assert learning_flops(tp, tr, policy=policy) == 2 * 6 * 14 * 5
+    with pytest.raises(DomainError, match="n_head"):
+        PolicyCost(1.0, n_head=2.0)
+
+
+def test_attention_pairs_of_the_shared_prompt_path_by_hand() -> None:
+    """Causal pairs: the prompt's 3 * 4 / 2 = 6, then each row's one response token sees 4 keys."""
+    policy = PolicyCost(1.0, n_layer=1, d_model=1)
+    shared = Accounting.SHARED_PROMPT
+    with_attention = learning_flops([3.0], [[2.0, 2.0]], policy=policy, count_attention=True, accounting=shared)
+    attention = with_attention - learning_flops([3.0], [[2.0, 2.0]], policy=policy, accounting=shared)
+    assert attention == 3 * 4 * (6 + 2 * 4)
