@@ -1,7 +1,7 @@
 r"""Plain conversions between verl's / TRL's argument conventions and ours (no verl or TRL import).
 
 - verl hands an advantage estimator flat rows: ``token_level_rewards [B, T]`` (the outcome score on the
-  last valid token), ``response_mask [B, T]`` (0/1, any dtype) and ``index [B]`` (prompt uids, a numpy
+  last generated token), ``response_mask [B, T]`` (0/1, any dtype) and ``index [B]`` (prompt uids, a numpy
   object array): `group_ids_from_index`, `outcome_scores` and `grouped_token_advantages`
   turn them into our ``[G, K]`` groups and the result back into ``[B, T]`` rows in verl's order.
 - verl reduces a loss matrix with a ``loss_agg_mode`` string and the global batch facts of its
@@ -22,8 +22,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from posttrain.errors import ShapeError
-from posttrain.estimators import broadcast_sequence_advantages, group_rewards, masked_sum
-from posttrain.estimators.aggregate import global_aggregate
+from posttrain.estimators import broadcast_sequence_advantages, group_rewards
+from posttrain.estimators.aggregation import global_aggregate
 from posttrain.validate import check_float, check_mask, check_tensor
 
 __all__ = [
@@ -132,18 +132,19 @@ def group_ids_from_index(
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-def outcome_scores(token_level_rewards: Float[Tensor, "B T"], mask: Bool[Tensor, "B T"]) -> Float[Tensor, " B"]:
-    r"""Sequence scores $R_i = \sum_t m_{it} r_{it}$ from verl's token-level rewards.
+def outcome_scores(token_level_rewards: Float[Tensor, "B T"]) -> Float[Tensor, " B"]:
+    r"""Sequence scores $R_i = \sum_t r_{it}$ from verl's token-level rewards, over every position.
 
-    verl's built-ins sum every position (rewards off the mask are zero there, so the two agree).
+    As verl's built-in outcome estimators: the score is placed on the last generated token before verl's
+    rollout correction may mask tokens or whole rows (``rollout_rs``), so the response mask is not applied
+    here; a masked row keeps its score in its group's statistics and gets advantage 0 from the mask.
 
     Examples:
-        >>> outcome_scores(torch.tensor([[0.0, 1.0], [0.5, 9.0]]), torch.tensor([[True, True], [True, False]])).tolist()
+        >>> outcome_scores(torch.tensor([[0.0, 1.0], [0.5, 0.0]])).tolist()
         [1.0, 0.5]
     """
     check_float("token_level_rewards", token_level_rewards, ndim=2)
-    check_mask("mask", mask, token_level_rewards.shape)
-    return masked_sum(token_level_rewards, mask, dim=-1)
+    return token_level_rewards.sum(dim=-1)
 
 
 def grouped_token_advantages(

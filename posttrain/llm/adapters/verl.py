@@ -21,12 +21,15 @@ policy-loss return):
   ``posttrain_no_is_correction`` (`no_correction_loss`), no verl twin.
 
 Advantages: verl's ``index`` (prompt uids) groups the rows into our ``[G, K]``; the outcome score is the
-masked sum of ``token_level_rewards``; the result comes back in verl's row order, times the mask, as
-``(advantages, returns)`` with the same tensor twice (outcome estimators have no separate returns).
+sum of ``token_level_rewards`` over every position, as verl's built-ins (verl's rollout correction may
+mask tokens or whole rows after the reward is placed; such rows keep their score in the group
+statistics); the result comes back in verl's row order, times the mask, as ``(advantages, returns)``
+with the same tensor twice (outcome estimators have no separate returns).
 Policy losses: our per-token loss, times ``rollout_is_weights`` when given (as verl's built-ins), reduced
 by `global_aggregate` with ``loss_agg_mode`` and the actor config's
 ``global_batch_info`` (so data-parallel and micro-batch invariance are verl's); clip settings from the
-actor config (``clip_ratio``, ``clip_ratio_low``/``_high``, ``clip_ratio_c``).
+actor config (``clip_ratio``, ``clip_ratio_low``/``_high``, ``clip_ratio_c``). A micro-batch whose every
+token is masked gives 0, as verl's losses do.
 
 Not registered, because their inputs do not reach verl's call: SIS (needs the behaviour policy's
 top-K log-probs at every position; the TRL adapter has it, ``sis_top_k``), OPD / KDRL / OPD^2 / ExOPD (teacher log-probs; verl's own
@@ -59,6 +62,7 @@ from posttrain.estimators import (
     group_rewards,
     gspo_loss,
     masked_mean,
+    masked_sum,
     no_correction_loss,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
@@ -113,7 +117,7 @@ def verl_advantage(grouped: Callable[[Tensor, Any], Tensor]) -> AdvantageFn:
         with torch.no_grad():
             adv = grouped_token_advantages(
                 lambda r: grouped(r, config),
-                outcome_scores(token_level_rewards, mask),
+                outcome_scores(token_level_rewards),
                 group_ids_from_index(_require_index(index), device=token_level_rewards.device),
                 mask,
             )
@@ -144,7 +148,7 @@ def _reinforce_pp_baseline(
     mask = response_bool_mask(response_mask)
     with torch.no_grad():
         ids = group_ids_from_index(_require_index(index), device=token_level_rewards.device)
-        grouped, order = group_rewards(outcome_scores(token_level_rewards, mask), ids)
+        grouped, order = group_rewards(outcome_scores(token_level_rewards), ids)
         adv = torch.empty_like(token_level_rewards)
         adv[order] = reinforce_pp_baseline_advantages(grouped, mask[order]).to(adv.dtype)
     return adv, adv
@@ -160,6 +164,10 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     f"{PREFIX}reinforce_pp_baseline": _reinforce_pp_baseline,
 }
 """verl name -> estimator with verl's signature."""
+
+
+_LOSS_METRICS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+"""The metrics verl's built-in policy losses return."""
 
 
 def verl_policy_loss(
@@ -184,6 +192,8 @@ def verl_policy_loss(
         **_: Any,
     ) -> tuple[Tensor, dict[str, Any]]:
         mask = response_bool_mask(response_mask)
+        if not bool(mask.any()):  # a micro-batch whose tokens verl's rollout rejection all masked: 0, as verl's losses
+            return masked_sum(log_prob, mask), dict.fromkeys(_LOSS_METRICS, 0.0)
         out = loss(log_prob, old_log_prob, advantages, mask, **options(config))
         per_token, diag = out if isinstance(out, tuple) else (out, None)
         if rollout_is_weights is not None:
@@ -194,11 +204,12 @@ def verl_policy_loss(
         with torch.no_grad():
             ppo_kl = masked_mean(old_log_prob - log_prob.detach(), mask)
             clip = getattr(diag, "clip", diag)  # SIS-style diagnostics nest the clip ones
-            metrics = {
-                "actor/pg_clipfrac": float(getattr(clip, "clip_frac", 0.0)),
-                "actor/ppo_kl": float(ppo_kl),
-                "actor/pg_clipfrac_lower": float(getattr(clip, "dual_clip_frac", 0.0)),
-            }
+            values = (
+                float(getattr(clip, "clip_frac", 0.0)),
+                float(ppo_kl),
+                float(getattr(clip, "dual_clip_frac", 0.0)),
+            )
+            metrics = dict(zip(_LOSS_METRICS, values, strict=True))
         return value, metrics
 
     return policy_loss

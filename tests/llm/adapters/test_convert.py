@@ -28,7 +28,17 @@ from posttrain.llm.adapters.convert import (
     group_ids_from_index,
     grouped_token_advantages,
 )
-from posttrain.llm.adapters.trl import resolve_advantage, resolve_policy_loss, trl_advantages, trl_policy_loss
+from posttrain.llm.adapters.trl_recipe import (
+    LOSS_TYPES,
+    TrlAggregation,
+    kl_term,
+    resolve_advantage,
+    resolve_policy_loss,
+    trl_advantages,
+    trl_policy_loss,
+    trl_recipe,
+    trl_reduce,
+)
 from posttrain.testing import grouped_rewards, policy_batches, response_masks
 
 MODES = [m.value for m in AggregationMode]
@@ -216,15 +226,82 @@ def test_trl_policy_loss_is_loss_plus_k3_aggregated_over_accumulation(batch: obj
     logp, old, adv, mask = batch.logp, batch.logp_old, batch.advantages, batch.mask  # type: ignore[attr-defined]
     ref = old - 0.1
     loss = resolve_policy_loss("ppo_clip", {"clip_high": 0.28})
+    kl = kl_term(logp, old, ref, mask, bias_correction=False, sequence=False)
     out, _ = trl_policy_loss(
-        logp, old, adv, mask, loss=loss, mode=mode, horizon=7, beta=0.04, logp_ref=ref, grad_accum_steps=2
-    )
+        logp, old, adv, mask, loss=loss, aggregation=TrlAggregation(AggregationMode(mode)), horizon=7, beta=0.04,
+        kl=kl, grad_accum_steps=2,
+    )  # fmt: skip
     per_token = clipped_ratio_loss(logp, old, adv, mask, clip_high=0.28)[0] + 0.04 * k3_kl(logp, ref)
     torch.testing.assert_close(out, aggregate(per_token, mask, mode, horizon=7) / 2)
+
+
+def _trl_by_loop(values: torch.Tensor, mask: torch.Tensor, loss_type: str, horizon: int, accumulation: int) -> float:
+    """TRL 1.16's normalisers written out row by row (empty rows count in every sequence mean)."""
+    rows = [(float((v * m).sum()), float(m.sum())) for v, m in zip(values, mask.double(), strict=True)]
+    b, tokens = len(rows), sum(n for _, n in rows)
+    total = {
+        "grpo": sum(s / max(n, 1.0) for s, n in rows) / b,
+        "bnpo": sum(s for s, _ in rows) / max(tokens, 1.0),
+        "dr_grpo": sum(s for s, _ in rows) / (b * horizon),
+        "luspo": sum(s for s, _ in rows) / b,
+    }[loss_type]
+    return total / accumulation
+
+
+@given(policy_batches(b=(1, 5), t=(1, 5)), st.sampled_from(["grpo", "bnpo", "dr_grpo", "luspo"]))
+def test_trl_reduce_is_trls_normaliser_with_empty_rows(batch: object, loss_type: str) -> None:
+    values, mask = batch.logp.double(), batch.mask.clone()  # type: ignore[attr-defined]
+    mask[0] = False  # a fully masked row (TRL's mask_truncated_completions)
+    out = trl_reduce(values, mask, LOSS_TYPES[loss_type], horizon=7, grad_accum_steps=3)
+    assert float(out) == pytest.approx(_trl_by_loop(values, mask, loss_type, 7, 3), rel=1e-12, abs=1e-12)
+
+
+def _args(**overrides: object) -> object:
+    from types import SimpleNamespace
+
+    defaults = {"loss_type": "grpo", "scale_rewards": "group", "epsilon": 0.2, "epsilon_high": None, "delta": None}
+    return SimpleNamespace(**(defaults | {"importance_sampling_level": "token"} | overrides))
+
+
+def _one_token_loss(args: object, logp: float, adv: list[float], mask: list[list[bool]], **kw: object) -> tuple:
+    recipe = trl_recipe(args)
+    lp = torch.full((len(adv), 1), logp, dtype=torch.float64, requires_grad=True)
+    old = kw.pop("old", lp.detach())
+    m = torch.tensor(mask)
+    loss, _ = trl_policy_loss(
+        lp, old, torch.tensor(adv, dtype=torch.float64), m, loss=recipe.loss, aggregation=recipe.aggregation, **kw
+    )
+    (grad,) = torch.autograd.grad(loss, lp)
+    return float(loss.detach()), grad
+
+
+def test_trl_numbers_by_hand_bias_corrected_kl_empty_rows_and_two_sided_clip() -> None:
+    """The three points where the adapter once differed from TRL 1.16, with TRL's values."""
+    lp, ref, mask = torch.tensor([[-1.0]], dtype=torch.float64), torch.tensor([[-2.0]], dtype=torch.float64), [[True]]
+    for correct, grad in ((True, 0.04), (False, 0.04 * (1 - float(np.exp(-1.0))))):
+        kl = kl_term(lp.requires_grad_(), lp.detach(), ref, torch.tensor(mask), bias_correction=correct, sequence=False)
+        recipe = trl_recipe(_args())
+        loss, _ = trl_policy_loss(lp, lp.detach(), torch.zeros(1, dtype=torch.float64), torch.tensor(mask),
+                                  loss=recipe.loss, aggregation=recipe.aggregation, beta=0.04, kl=kl)  # fmt: skip
+        (g,) = torch.autograd.grad(loss, lp)
+        assert (round(float(loss.detach()), 6), round(float(g), 6)) == (0.014715, round(grad, 6))
+        lp = lp.detach()
+    # mask [[1], [0]], advantages [1, 0], on-policy: TRL's grpo divides by both rows
+    assert _one_token_loss(_args(), -1.0, [1.0, 0.0], [[True], [False]])[0] == pytest.approx(-0.5)
+    explicit = _args(policy_loss="ppo_clip", aggregation="seq-mean-token-mean", loss_type="dapo")
+    assert _one_token_loss(explicit, -1.0, [1.0, 0.0], [[True], [False]])[0] == pytest.approx(
+        -1.0
+    )  # ours: rows with a token
+    # ratio 2, advantage -1, delta 1.5: TRL's two-sided clip caps the ratio at delta
+    old = torch.full((1, 1), float(-np.log(2.0)) - 1.0, dtype=torch.float64)
+    assert _one_token_loss(_args(delta=1.5), -1.0, [-1.0], [[True]], old=old)[0] == pytest.approx(1.5)
+    assert _one_token_loss(_args(), -1.0, [-1.0], [[True]], old=old)[0] == pytest.approx(2.0)
 
 
 @given(response_masks((3, 4)))
 def test_trl_policy_loss_needs_reference_log_probs_with_beta(mask: torch.Tensor) -> None:
     z = torch.zeros(3, 4)
-    with pytest.raises(DomainError, match="logp_ref"):
-        trl_policy_loss(z, z, torch.ones(3), mask, loss=resolve_policy_loss("ppo_clip"), mode="token-mean", beta=0.1)
+    with pytest.raises(DomainError, match="kl"):
+        trl_policy_loss(
+            z, z, torch.ones(3), mask, loss=resolve_policy_loss("ppo_clip"), aggregation=LOSS_TYPES["bnpo"], beta=0.1
+        )

@@ -12,8 +12,15 @@ import torch
 trl = pytest.importorskip("trl", reason="TRL is not installed (the [trl] extra; make test-adapters installs it)")
 datasets = pytest.importorskip("datasets", reason="TRL's datasets dependency is missing")
 
-from posttrain.estimators import aggregate, clipped_ratio_loss, rloo_advantages  # noqa: E402
-from posttrain.estimators.sis import sis_accept, sis_acceptance_prob, sis_loss, token_in_topk  # noqa: E402
+from posttrain.estimators import (  # noqa: E402
+    aggregate,
+    clipped_ratio_loss,
+    rloo_advantages,
+    sis_accept,
+    sis_acceptance_prob,
+    sis_loss,
+)
+from posttrain.estimators.importance import token_in_topk  # noqa: E402
 from posttrain.llm.adapters.rewards import task_reward, trl_rows  # noqa: E402
 from posttrain.llm.adapters.trl import grpo_config_class, grpo_trainer_class  # noqa: E402
 from posttrain.llm.rollout.tasks import Problem, make_task  # noqa: E402
@@ -80,8 +87,9 @@ def _token_logps(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def test_adapted_loss_equals_our_estimator_and_trl_grpo_on_a_fixed_batch(tiny_dir: Path) -> None:
+    """Through the real model and TRL's log-prob helper (the float64 comparisons stub the model out)."""
     with tempfile.TemporaryDirectory() as out:
-        ours = _trainer(grpo_trainer_class(), tiny_dir, out, policy_loss="ppo_clip", aggregation="seq-mean-token-mean")
+        ours = _trainer(grpo_trainer_class(), tiny_dir, out)  # TRL's loss_type="grpo", by our estimators
         theirs = _trainer(trl.GRPOTrainer, tiny_dir, out)
     theirs.model.load_state_dict(ours.model.state_dict())
     batch = _fixed_batch(ours.model.config.vocab_size)
@@ -209,6 +217,11 @@ def test_settings_the_adapter_does_not_reproduce_are_refused(tiny_dir: Path) -> 
 
     with tempfile.TemporaryDirectory() as out, pytest.raises(DomainError, match="top_entropy_quantile"):
         _trainer(grpo_trainer_class(), tiny_dir, out, top_entropy_quantile=0.5)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = _trainer(grpo_trainer_class(), tiny_dir, out)
+        trainer.args.off_policy_mask_threshold = 0.5  # changed after the config was built
+        with pytest.raises(DomainError, match="off_policy_mask_threshold"):
+            grpo_trainer_class()(model=trainer.model, reward_funcs=task_reward("addition", digits=1), args=trainer.args)
 
 
 def test_options_come_from_trl_parser_and_yaml_and_are_saved_with_the_args(tmp_path: Path) -> None:
@@ -248,7 +261,11 @@ def test_bad_options_fail_when_the_config_is_built(tmp_path: Path) -> None:
         _config(str(tmp_path), config_class, sis_top_k=0)
     with pytest.raises(PosttrainError, match="advantage"):
         _config(str(tmp_path), config_class, advantage="gspo")  # a policy loss, not an advantage
-    assert _config(str(tmp_path), config_class, aggregation="token-mean").aggregation == "token-mean"
+    with pytest.raises(PosttrainError, match="loss_options"):
+        _config(str(tmp_path), config_class, loss_options={"clip_high": 0.28})  # no policy_loss of ours to take them
+    with pytest.raises(PosttrainError, match="loss_type"):  # grpo's normaliser and ours would both apply
+        _config(str(tmp_path), config_class, aggregation="token-mean")
+    assert _config(str(tmp_path), config_class, loss_type="dapo", aggregation="token-mean").aggregation == "token-mean"
 
 
 def test_plain_grpo_config_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
@@ -267,7 +284,9 @@ def test_plain_grpo_config_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
 def test_token_mean_uses_num_items_in_batch_exactly_as_trl_dapo(tiny_dir: Path) -> None:
     """token-mean divides by the generation batch's token count (TRL's ``num_items_in_batch``), not the micro-batch's."""
     with tempfile.TemporaryDirectory() as out:
-        ours = _trainer(grpo_trainer_class(), tiny_dir, out, policy_loss="ppo_clip", aggregation="token-mean")
+        ours = _trainer(
+            grpo_trainer_class(), tiny_dir, out, loss_type="dapo", policy_loss="ppo_clip", aggregation="token-mean"
+        )
         theirs = _trainer(trl.GRPOTrainer, tiny_dir, out, loss_type="dapo")
     theirs.model.load_state_dict(ours.model.state_dict())
     batch = _fixed_batch(ours.model.config.vocab_size)

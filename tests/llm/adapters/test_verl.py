@@ -364,3 +364,110 @@ def test_policy_loss_through_verls_ppo_loss_equals_the_builtin(ours: str, builti
     torch.testing.assert_close(values[0], values[1])
     torch.testing.assert_close(grads[0], grads[1])
     assert bool((grads[0] != 0).any())
+
+
+# Masked rows: verl's rollout correction (rollout_rs) masks tokens or whole rows after the reward is placed.
+
+
+def _rejected(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` after rejection: row 0 entirely, and the last valid token (the one holding the score) of row 1."""
+    out = mask.clone()
+    out[0] = 0
+    out[1, int(mask[1].sum()) - 1] = 0
+    assert float(token_rewards[0].abs().sum()) + float(token_rewards[1].abs().sum()) > 0  # scores are hidden
+    return out
+
+
+@pytest.mark.parametrize(
+    ("ours", "builtin", "config"),
+    [
+        ("posttrain_grpo", "grpo", {"norm_adv_by_std_in_grpo": True}),
+        ("posttrain_grpo", "grpo", {"norm_adv_by_std_in_grpo": False}),
+        ("posttrain_drgrpo", "grpo", {"norm_adv_by_std_in_grpo": False}),
+        ("posttrain_rloo", "rloo", {}),
+        ("posttrain_reinforce_pp_baseline", "reinforce_plus_plus_baseline", {}),
+    ],
+)
+def test_rows_masked_after_scoring_keep_their_score_in_the_group_as_in_verl(
+    ours: str, builtin: str, config: dict[str, object]
+) -> None:
+    """Through verl's compute_advantage: a rejected row still counts in its group's mean and std (verl sums the
+    token rewards over every position) and gets advantage 0."""
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    token_rewards, mask, uids = _batch(12, groups=3, k=4, t=6)
+    token_rewards[0, 0] += 1.0  # row 0's score is not 0
+    token_rewards[1, int(mask[1].sum()) - 1] += 1.0
+    rejected = _rejected(token_rewards, mask)
+    results = []
+    for name in (ours, builtin):
+        algo = AlgoConfig(adv_estimator=name, **config)  # type: ignore[arg-type]
+        out = compute_advantage(
+            _data_proto(token_rewards, rejected, uids),
+            adv_estimator=name,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            num_repeat=4,
+            config=algo,
+        )
+        results.append(out.batch["advantages"])
+    torch.testing.assert_close(results[0], results[1])
+    assert bool((results[0][0] == 0).all()) and bool((results[0][2:] != 0).any())
+
+
+def _masked_policy_inputs(seed: int) -> dict[str, torch.Tensor]:
+    inputs = _policy_inputs(seed)
+    inputs["response_mask"] = inputs["response_mask"].clone()
+    inputs["response_mask"][0] = False  # a row verl's rollout rejection dropped
+    return inputs
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("ours", "builtin"),
+    [("posttrain_ppo_clip", "vanilla"), ("posttrain_gspo", "gspo"), ("posttrain_cispo", "cispo")],
+)
+def test_policy_losses_with_masked_rows_and_masked_micro_batches_equal_verl(ours: str, builtin: str, mode: str) -> None:
+    config = _actor(clip_ratio_high=0.28, loss_agg_mode=mode)
+    inputs = _masked_policy_inputs(13)
+    kw = {"loss_agg_mode": mode, "config": config}
+    v_ours, g_ours = _value_and_grad(core_algos.get_policy_loss_fn(ours), inputs, **kw)
+    v_verl, g_verl = _value_and_grad(core_algos.get_policy_loss_fn(builtin), inputs, **kw)
+    torch.testing.assert_close(v_ours, v_verl)
+    torch.testing.assert_close(g_ours, g_verl)
+    # every token masked (with verl's global counts, as its actor passes them): 0 and no gradient, not an error
+    empty = {**inputs, "response_mask": torch.zeros_like(inputs["response_mask"])}
+    config.global_batch_info.update(dp_size=1, batch_num_tokens=10, global_batch_size=6)
+    for name in (ours, builtin):
+        value, grad = _value_and_grad(core_algos.get_policy_loss_fn(name), empty, **kw)
+        assert float(value) == 0.0 and not bool(grad.any())
+
+
+def _packed(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's valid entries moved to the front (order kept): ``(values, mask, order)``."""
+    order = torch.sort((~mask).int(), dim=-1, stable=True).indices
+    return values.gather(-1, order), mask.gather(-1, order), order
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_posttrain_reinforce_pp_across_holes_in_the_mask(gamma: float) -> None:
+    """verl 0.9.1 carries the running return across a masked position (gamma counts valid tokens); ours discounts
+    by position. Equal for gamma = 1; for gamma < 1 verl's value is ours on the rows with the holes closed."""
+    from verl.trainer.config import AlgoConfig
+
+    token_rewards, mask, _ = _batch(14, t=6)
+    mask = mask.bool()
+    holes = mask.clone()
+    holes[:, 1] &= mask.sum(-1) < 3  # a masked observation span in every row with >= 3 tokens
+    assert bool((holes != mask).any())
+    config = AlgoConfig(gamma=gamma)
+    kw = {"token_level_rewards": token_rewards, "response_mask": holes.float(), "config": config}
+    ours, _ = core_algos.get_adv_estimator_fn("posttrain_reinforce_pp")(**kw)
+    theirs, _ = core_algos.get_adv_estimator_fn("reinforce_plus_plus")(**kw)
+    if gamma == 1.0:
+        torch.testing.assert_close(ours, theirs)
+        return
+    assert not torch.allclose(ours, theirs)
+    rewards, packed_mask, order = _packed(token_rewards * holes, holes)
+    closed = torch.zeros_like(ours).scatter(-1, order, reinforce_pp_advantages(rewards, packed_mask, gamma=gamma))
+    torch.testing.assert_close(closed, theirs)
