@@ -1,0 +1,266 @@
+"""What the real-model results file generates: each method page's "On a real model" section with its figure, the
+transfer table of ``docs/validation.md``, and the README's "real model" cell.
+
+Everything here reads ``docs/paper_checks/real_results.json`` (and the toy checks' stored
+``results.json``); nothing is written by hand. Generated text sits between markers
+(``<!-- REAL MODEL -->`` ... ``<!-- END REAL MODEL -->`` in a method page, ``<!-- TRANSFER TABLE -->`` ...
+``<!-- END TRANSFER TABLE -->`` in ``docs/validation.md``), appended when a page has none yet; the rest
+of each page is kept byte for byte.
+
+The **standardised effect** of a primary endpoint is $(\\bar d - \\mathrm{margin}) / s_d$ over its per-seed
+differences ($\\pm\\infty$ when every seed gives the same difference, NaN without two values). The
+transfer table gives, per paper, the toy and real verdicts, whether the two effects have the same
+sign, the standardised effects and, where the verdicts differ, what the disagreement says about the
+toy (from the gate's numbers); under it, Spearman's rank correlation of the standardised effects over
+the papers that have both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from posttrain.paper_checks.report import fmt
+
+__all__ = [
+    "REAL_COLUMN", "REAL_RESULTS", "lesson", "method_section", "real_model_cell", "standardised_effect",
+    "transfer_rows", "transfer_table", "update_docs", "write_figure",
+]  # fmt: skip
+
+REAL_RESULTS = Path("docs") / "paper_checks" / "real_results.json"
+"""Where the results of the real-model tier are stored (relative to the repository root)."""
+REAL_COLUMN = "real model"
+"""The README method table's column this tier fills (`real_model_cell`)."""
+_PAGE = ("<!-- REAL MODEL -->", "<!-- END REAL MODEL -->")
+_TABLE = ("<!-- TRANSFER TABLE -->", "<!-- END TRANSFER TABLE -->")
+
+
+def _primary(entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    rows = [c for c in entry.get("comparisons", []) if c.get("role") == "primary"]
+    return rows[0] if rows else None
+
+
+def standardised_effect(row: Mapping[str, Any] | None) -> float:
+    """``(mean - margin) / sd`` of a comparison row's differences (module docstring)."""
+    if not row:
+        return math.nan
+    d = np.asarray([x for x in row.get("differences", []) if x is not None and math.isfinite(x)], dtype=np.float64)
+    if d.size < 2:
+        return math.nan
+    gap, sd = float(d.mean()) - float(row.get("margin") or 0.0), float(d.std(ddof=1))
+    if sd > 0:
+        return gap / sd
+    return math.copysign(math.inf, gap) if gap != 0 else 0.0
+
+
+def lesson(entry: Mapping[str, Any], toy_verdict: str | None) -> str:
+    """What a disagreement between the toy and the real verdict teaches about the toy ("" when they agree)."""
+    real = entry.get("verdict")
+    if real == toy_verdict or toy_verdict is None:
+        return ""
+    if real == "regime not reached":
+        misses = [g for g in entry.get("gate", []) if not g["inside"]]
+        parts = [f"{g['name']} is {fmt(g['value'])} on SmolLM2, the toy tested {fmt(g['toy']['lo'])}-{fmt(g['toy']['hi'])}"
+                 for g in misses]  # fmt: skip
+        return "the toy's regime is not the real model's: " + "; ".join(parts)
+    if real in ("blocked", "out of scope", "error"):
+        return f"not tested on the real model ({entry.get('reason') or entry.get('error') or real})"
+    if real == "inconclusive":
+        p = _primary(entry) or {}
+        return (f"the real effect is too small or too noisy for {entry.get('seeds_run', 0)} seeds "
+                f"(share clearing {fmt(p.get('estimate'))}, detectable {fmt(p.get('mde'))} more): the toy's effect "
+                "size does not carry over at this scale")  # fmt: skip
+    return (
+        f"with the mediators in the toy's range the real verdict is {real}: the mechanism the toy encodes is "
+        "not what decides on a pretrained model"
+    )
+
+
+def transfer_rows(real: Mapping[str, Any], toy: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per real experiment: toy and real verdicts and standardised effects, sign agreement, lesson."""
+    toys = {c["id"]: c for c in toy.get("checks", [])}
+    rows = []
+    for e in real.get("experiments", []):
+        toy_ids = [t["id"] for t in e.get("card", {}).get("toy", [])] or [e["id"]]
+        t = toys.get(toy_ids[0], {})
+        toy_p = next((c for c in t.get("comparisons", []) if c.get("role") == "primary"), None)
+        te, re_ = standardised_effect(toy_p), standardised_effect(_primary(e))
+        same = None if math.isnan(te) or math.isnan(re_) else bool(np.sign(te) == np.sign(re_))
+        rows.append({"id": e["id"], "toy_id": toy_ids[0], "title": e.get("title", ""), "toy_verdict": t.get("verdict"),
+                     "real_verdict": e.get("verdict"), "toy_effect": te, "real_effect": re_, "same_sign": same,
+                     "lesson": lesson(e, t.get("verdict"))})  # fmt: skip
+    return rows
+
+
+def _rank_correlation(rows: list[dict[str, Any]]) -> tuple[float, int]:
+    from scipy import stats
+
+    pairs = [(r["toy_effect"], r["real_effect"]) for r in rows
+             if not (math.isnan(r["toy_effect"]) or math.isnan(r["real_effect"]))]  # fmt: skip
+    if len(pairs) < 3:
+        return math.nan, len(pairs)
+    a, b = zip(*pairs, strict=True)
+    rho = stats.spearmanr(stats.rankdata(a), stats.rankdata(b)).statistic
+    return float(rho), len(pairs)
+
+
+def transfer_table(real: Mapping[str, Any], toy: Mapping[str, Any]) -> str:
+    """The markdown transfer table (module docstring)."""
+    rows = transfer_rows(real, toy)
+    meta = real.get("run", {})
+    out = [f"## Transfer: toy verdicts against SmolLM2-135M-Instruct ({meta.get('profile', '?')} profile)", "",
+           f"Generated from `{REAL_RESULTS.as_posix()}` ({meta.get('date', '?')}, commit {str(meta.get('commit'))[:10]}, "
+           f"{fmt(meta.get('wall_s'))} s wall, {fmt(meta.get('cpu_s'))} s CPU) and the toy checks' `results.json`.", "",
+           "| paper | toy check | toy verdict | real verdict | same sign | std. effect toy | std. effect real | what it teaches |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        same = "-" if r["same_sign"] is None else ("yes" if r["same_sign"] else "**no**")
+        out.append(f"| {r['id']} {r['title']} | {r['toy_id']} | {r['toy_verdict'] or '-'} | {r['real_verdict']} | {same} "
+                   f"| {fmt(r['toy_effect'])} | {fmt(r['real_effect'])} | {r['lesson'] or '-'} |".replace("\n", " "))  # fmt: skip
+    rho, n = _rank_correlation(rows)
+    agree = sum(1 for r in rows if r["same_sign"])
+    known = sum(1 for r in rows if r["same_sign"] is not None)
+    out += ["", f"Sign agreement: {agree} of {known} papers with both effects. Spearman rank correlation of the "
+            f"standardised effects: {fmt(rho)} over {n} papers (needs 3)."]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def real_model_cell(ids: list[str], results: Mapping[str, Any] | None) -> str:
+    """The README "real model" cell of a row whose check column names ``ids`` (``-`` without a record).
+
+    Toy ids with a letter (``11b``, ``20b``) map to the experiment of their paper (``11``, ``20``).
+    """
+    if not results:
+        return "-"
+    by_id = {e["id"]: e for e in results.get("experiments", [])}
+    parts = []
+    for x in dict.fromkeys(i[:2] for i in ids):
+        e = by_id.get(x)
+        if e is None:
+            continue
+        p = _primary(e)
+        numbers = (
+            f" ({e.get('seeds_run', 0)} seeds, share {fmt(p['estimate'])} [{fmt(p['lower'])}, {fmt(p['upper'])}])"
+            if p
+            else ""
+        )
+        parts.append(f"{x}: {e['verdict']}{numbers}" if len(ids) > 1 else f"{e['verdict']}{numbers}")
+    return ("; ".join(parts) or "-").replace("|", "\\|")
+
+
+def method_section(entry: Mapping[str, Any], figure: str | None = None) -> str:
+    """A method page's "On a real model" section for one experiment."""
+    card = entry.get("card", {})
+    toy = card.get("toy", [{}])[0]
+    lines = [f"## On a real model: {entry['title']}", "",
+             f"**Verdict: {entry['verdict']}** (SmolLM2-135M-Instruct, {entry.get('seeds_run', 0)} of "
+             f"{entry.get('seeds_planned')} planned seeds; `posttrain real-check {entry['id']}`)."]  # fmt: skip
+    if entry.get("reason"):
+        lines += ["", f"Why: {entry['reason']}"]
+    if toy.get("abstract"):
+        lines += ["", f'Claim (the abstract): "{toy["abstract"]}"']
+    prim = toy.get("primary") or {}
+    lines += ["", "Transfer card (written before the runs):", "",
+              f"- toy primary: {prim.get('name', '-')} (toy {toy.get('id')}: {toy.get('verdict', '-')});",
+              f"- on the real model: {card.get('effect', '-')};"]  # fmt: skip
+    for k, v in card.get("regime", {}).items():
+        lines.append(f"- {k}: {v};")
+    gate = entry.get("gate") or []
+    if gate:
+        lines += [
+            "",
+            "| mediator | on SmolLM2 | toy range | inside | where the range comes from |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for g in gate:
+            lines.append(f"| {g['name']} | {fmt(g['value'])} | [{fmt(g['toy']['lo'])}, {fmt(g['toy']['hi'])}] | "
+                         f"{'yes' if g['inside'] else '**no**'} | {g['toy']['origin']} |")  # fmt: skip
+    comps = [c for c in entry.get("comparisons", []) if c.get("role") != "context" or "betting" in c.get("name", "")]
+    if comps:
+        lines += [
+            "",
+            "| comparison | role | seeds clearing | bound | outcome | mean difference |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for c in comps:
+            lines.append(f"| {c['name']} | {c['role']} | {c.get('count')}/{c.get('n')} | [{fmt(c.get('lower'))}, "
+                         f"{fmt(c.get('upper'))}] | {c.get('outcome')} | {fmt(c.get('mean'))} |")  # fmt: skip
+    if entry.get("ungated_verdict") and entry["verdict"] == "regime not reached":
+        lines += ["", f"Verdict the gate withholds: {entry['ungated_verdict']}."]
+    if figure:
+        lines += ["", f"![{entry['id']} on a real model]({figure})"]
+    return "\n".join(lines) + "\n"
+
+
+def write_figure(entry: Mapping[str, Any], path: Path) -> bool:
+    """Per-seed differences of each judged comparison (dots) beside its margin; False when there is nothing to draw."""
+    comps = [c for c in entry.get("comparisons", []) if c.get("role") != "context" and c.get("differences")]
+    if not comps:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 0.6 + 0.5 * len(comps)))
+    for i, c in enumerate(comps):
+        d = [x for x in c["differences"] if x is not None and math.isfinite(x)]
+        ax.scatter(d, [i] * len(d), color="C0" if c["role"] == "primary" else "C7", s=18, zorder=3)
+        ax.plot([c["margin"]] * 2, [i - 0.3, i + 0.3], color="C3", lw=1)
+    ax.set_yticks(range(len(comps)), [c["name"] for c in comps], fontsize=8)
+    ax.set_xlabel("per-seed difference (red: margin)")
+    ax.set_title(f"{entry['id']}: {entry['verdict']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _replace(text: str, markers: tuple[str, str], body: str) -> str:
+    begin, end = markers
+    block = f"{begin}\n{body}{end}\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1].lstrip("\n")
+    return text.rstrip("\n") + "\n\n" + block
+
+
+def update_docs(
+    results: Mapping[str, Any], root: Path, toy: Mapping[str, Any] | None = None, *, pages: bool = True
+) -> list[Path]:
+    """Rewrite the generated parts of the docs under ``root`` (the repository) from ``results``; returns the files.
+
+    ``pages=False`` rewrites only the transfer table of ``docs/validation.md``.
+    """
+    from posttrain.papers import paper
+
+    toy = toy if toy is not None else json.loads((root / "docs" / "paper_checks" / "results.json").read_text())
+    written = []
+    for e in results.get("experiments", []) if pages else []:
+        page = root / "docs" / paper(e["id"]).page
+        if not page.is_file() or not paper(e["id"]).page.startswith("methods/"):
+            continue
+        fig = root / "docs" / "paper_checks" / f"real_{e['id']}.png"
+        drawn = write_figure(e, fig)
+        rel = "../paper_checks/" + fig.name if drawn else None
+        page.write_text(_replace(page.read_text(), _PAGE, method_section(e, rel)))
+        written.append(page)
+    validation = root / "docs" / "validation.md"
+    validation.write_text(_replace(validation.read_text(), _TABLE, transfer_table(results, toy)))
+    return [*written, validation]
+
+
+if __name__ == "__main__":  # pragma: no cover - a thin command-line wrapper
+    import sys
+
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--table-only"):
+        sys.exit("usage: python -m posttrain.real_checks.outputs REAL_RESULTS.json [--table-only]")
+    repo = Path(__file__).resolve().parents[2]
+    for written in update_docs(json.loads(Path(sys.argv[1]).read_text()), repo, pages=len(sys.argv) == 2):
+        print(f"rewrote {written.relative_to(repo)}")

@@ -1,0 +1,213 @@
+"""Running a selection of real-model experiments: probe, gate, run the arms (shared, cached), judge, record.
+
+Order per experiment: *out of scope* and *blocked* are reported without running anything; the probe
+mediators are measured on the base model (cached per task); an experiment whose probe misses the toy's
+range is reported *regime not reached* without training its arms (``train_ungated`` trains them anyway,
+for the verdict the gate withholds); otherwise its arms run for each planned seed (each arm once per
+seed, however many experiments name it; see `posttrain.real_checks.runs`), the run mediators are read
+from seed 0's records, and the experiment is judged (`posttrain.real_checks.experiment.judge`). An
+exception in one experiment is recorded as its *error*; the others still run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from posttrain.real_checks.arm_table import ARMS
+from posttrain.real_checks.arms import PILOT_OFFSET, RUN_CODE, Profile, arm_config, code_digest, git_commit, run_key
+from posttrain.real_checks.experiment import RealExperiment, RealVerdict, judge
+from posttrain.real_checks.gate import gate_rows, probe_metrics
+from posttrain.real_checks.runs import Runner
+
+__all__ = [
+    "PILOT_FILE",
+    "PILOT_SEEDS",
+    "arms_of",
+    "pilot_record",
+    "planned_seeds",
+    "run_suite",
+    "sample_plan",
+    "seed_plan",
+]
+
+
+def arms_of(exps: Sequence[RealExperiment]) -> list[str]:
+    """Every arm the experiments need, their dependencies included, dependencies first."""
+    out: list[str] = []
+
+    def add(name: str) -> None:
+        for dep in ARMS[name].dependencies():
+            add(dep)
+        if name not in out:
+            out.append(name)
+
+    for e in exps:
+        if not e.scope or e.context:
+            for a in e.arms:
+                add(a)
+    return out
+
+
+def sample_plan(profile: Profile, exps: Sequence[RealExperiment]) -> dict[str, int]:
+    """Held-out samples per prompt of each arm: the profile's coverage samples when a pass@k experiment uses it."""
+    out = {a: profile.eval_samples for a in arms_of(exps)}
+    for e in exps:
+        if e.coverage:
+            out.update({a: profile.coverage_samples for a in e.arms})
+    return out
+
+
+PILOT_FILE = Path(__file__).resolve().parents[2] / "docs" / "paper_checks" / "real_pilot.json"
+"""The recorded pilot (``posttrain real-check --pilot``): per experiment, its primary's pilot differences."""
+PILOT_SEEDS = 3
+
+
+def seed_plan(exp: RealExperiment, pilot: Path = PILOT_FILE) -> tuple[int, str]:
+    """An experiment's planned seeds and why: from the recorded pilot when it has the experiment, else its default."""
+    from posttrain.real_checks.plan import MIN_SEEDS, pilot_share, seeds_for_share
+
+    record = json.loads(pilot.read_text()).get(exp.id) if pilot.is_file() else None
+    if not record or exp.scope:
+        return exp.seeds, exp.seed_reason
+    p = pilot_share(record["differences"], record["margin"])
+    n = max(MIN_SEEDS, seeds_for_share(p))
+    return n, (f"power plan from the pilot (seeds {record['seeds'][0]}-{record['seeds'][-1]}, differences "
+               f"{[round(x, 4) for x in record['differences']]}): P(d > margin) ~ {p:.2f} -> {n} seeds")  # fmt: skip
+
+
+def planned_seeds(exp: RealExperiment, profile: Profile, seeds: int | None) -> int:
+    """The seeds an experiment runs: its plan, an explicit override, capped by the profile (smoke, measure: 1)."""
+    n = int(seeds) if seeds is not None else seed_plan(exp)[0]
+    return min(n, profile.max_seeds) if profile.max_seeds is not None else n
+
+
+def _probe(profile: Profile, runner: Runner, task: str, root: Path) -> dict[str, float]:
+    """The probe metrics of the profile's base model on ``task`` (cached by the content key)."""
+    from posttrain.llm.config import config_from_dict
+    from posttrain.llm.run import as_plan, build_initial, training_task
+    from posttrain.llm.tools.models import resolve_model_path
+    from posttrain.real_checks.arms import Arm
+
+    probe_arm = Arm(f"probe_{task}", task=task)
+    tree = arm_config(profile, probe_arm, 0)
+    size = {"prompts": profile.probe_prompts, "samples": profile.probe_samples}
+    key = run_key(tree, probe_arm, depends={}, evaluation=size, code=(*RUN_CODE, "real_checks/gate.py"))
+    folder = root / "probes" / f"{task}-{key}"
+    cached = folder / "probe.json"
+    if cached.is_file():
+        return dict(json.loads(cached.read_text()))
+    cfg = config_from_dict(tree)
+    path = cfg.model.path
+    if path and not cfg.data.sft_steps:
+        model_dir = Path(str(resolve_model_path(path) or path))
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        model_dir = build_initial(cfg, folder / "run", training_task(as_plan(cfg)))
+    out = probe_metrics(str(model_dir), cfg, prompts=size["prompts"], samples=size["samples"], seed=0)
+    folder.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(out) + "\n")
+    runner.log(f"probe {task}: p0 {out['p0']:.3f}, zero-variance groups {out['zero_variance_groups']:.2f}")
+    return out
+
+
+def _entry(exp: RealExperiment, n: int) -> dict[str, Any]:
+    return {"id": exp.id, "title": exp.title, "card": exp.card.as_dict(), "seeds_planned": n,
+            "seed_reason": seed_plan(exp)[1], "arms": list(exp.arms)}  # fmt: skip
+
+
+def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path, seeds: range,
+               train_ungated: bool, gate_only: bool) -> dict[str, Any]:  # fmt: skip
+    entry = _entry(exp, len(seeds))
+    if exp.scope:
+        entry.update(verdict=RealVerdict.OUT_OF_SCOPE.value, reason=exp.scope)
+        if exp.context and not gate_only:
+            per_seed = [{a: runner.record(a, 0) for a in exp.arms}]
+            entry["context"] = {f"{m} {a}": _metric(per_seed[0][a], m) for a, m in exp.context}
+        return entry
+    blocked = exp.needs()
+    if blocked:
+        entry.update(verdict=RealVerdict.BLOCKED.value, reason=blocked)
+        return entry
+    probes = {t: _probe(profile, runner, t, root) for t in exp.probe_tasks}
+    early = [g for g in gate_rows([m for m in exp.card.mediators if m.source.value == "probe"], probes, {})
+             if not g["inside"]]  # fmt: skip
+    if early and not train_ungated:
+        entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=gate_rows(exp.card.mediators, probes, {}),
+                     probes=probes, reason="probe mediators outside the toy's range; arms not trained")  # fmt: skip
+        return entry
+    if gate_only:
+        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
+                     reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
+        return entry
+    per_seed = [{a: runner.record(a, s) for a in exp.arms} for s in seeds]
+    gate = gate_rows(exp.card.mediators, probes, per_seed[0])
+    entry.update(judge(exp, per_seed, gate), gate=gate, probes=probes)
+    entry["cost"] = {a: {"train_cpu_s": sum(r[a].get("train_cpu_s", 0.0) for r in per_seed),
+                         "eval_cpu_s": sum(r[a].get("eval_cpu_s", 0.0) for r in per_seed)} for a in exp.arms}  # fmt: skip
+    return entry
+
+
+def _metric(record: Any, name: str) -> float:
+    from posttrain.real_checks.metrics import metric
+
+    return metric(record, name)
+
+
+def run_suite(
+    exps: Sequence[RealExperiment],
+    profile: Profile,
+    root: str | Path,
+    *,
+    seeds: int | None = None,
+    train_ungated: bool = False,
+    gate_only: bool = False,
+    pilot: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run ``exps`` on ``profile`` with runs cached under ``root``; returns the results payload (``real_results.json``).
+
+    ``gate_only``: probe and gate, train nothing (an experiment that passes is *not run*); ``pilot``: run
+    `PILOT_SEEDS` seeds from `PILOT_OFFSET` (never evaluation seeds) for the seed plan.
+    """
+    import os
+    import platform
+
+    import torch
+
+    start, cpu = time.perf_counter(), time.process_time()
+    folder = Path(root) / profile.name
+    runner = Runner(profile, ARMS, folder, samples=sample_plan(profile, exps), log=log)
+    entries = []
+    for exp in exps:
+        n = PILOT_SEEDS if pilot else planned_seeds(exp, profile, seeds)
+        span = range(PILOT_OFFSET, PILOT_OFFSET + n) if pilot else range(n)
+        try:
+            entries.append(_judge_one(exp, profile, runner, folder, span, train_ungated, gate_only))
+        except Exception as exc:
+            entries.append({**_entry(exp, n), "verdict": RealVerdict.ERROR.value,
+                            "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})  # fmt: skip
+        log(f"{exp.id}: {entries[-1]['verdict']}")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    meta = {"profile": profile.name, "model": profile.base["model"].get("path") or "tiny (built in code)",
+            "code_digest": code_digest(), "commit": git_commit(), "host": platform.node(),
+            "torch_threads": torch.get_num_threads(), "load_average_end": list(load),
+            "wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    mode = profile.name + (" (gate only)" if gate_only else " (pilot)" if pilot else "")
+    return {"mode": mode, "run": meta, "experiments": entries}
+
+
+def pilot_record(payload: dict[str, Any]) -> dict[str, Any]:
+    """The pilot file's content from a pilot run's payload: per experiment, its primary's differences and seeds."""
+    out = {}
+    for e in payload["experiments"]:
+        rows = [c for c in e.get("comparisons", []) if c.get("role") == "primary"]
+        if rows:
+            out[e["id"]] = {"differences": rows[0]["differences"], "margin": rows[0]["margin"],
+                            "seeds": list(range(PILOT_OFFSET, PILOT_OFFSET + len(rows[0]["differences"])))}  # fmt: skip
+    return out

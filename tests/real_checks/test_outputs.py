@@ -1,0 +1,89 @@
+"""Generated outputs: the transfer table, standardised effects, the README cell, the docs sections between markers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from posttrain.real_checks.outputs import (
+    _replace,
+    lesson,
+    method_section,
+    real_model_cell,
+    standardised_effect,
+    transfer_rows,
+    transfer_table,
+    update_docs,
+)
+
+
+def _row(diffs: list[float], margin: float = 0.0) -> dict:
+    return {"role": "primary", "name": "p", "differences": diffs, "margin": margin, "estimate": 1.0, "lower": 0.7,
+            "upper": 1.0, "count": len(diffs), "n": len(diffs), "outcome": "holds", "mean": 0.1, "mde": math.nan}  # fmt: skip
+
+
+def _real(eid: str, verdict: str, diffs: list[float], gate: list | None = None) -> dict:
+    return {"id": eid, "title": f"paper {eid}", "verdict": verdict, "seeds_run": len(diffs), "seeds_planned": 9,
+            "card": {"toy": [{"id": eid}], "effect": "e", "regime": {"p0": "0.2"}},
+            "comparisons": [_row(diffs)], "gate": gate or []}  # fmt: skip
+
+
+REAL = {"mode": "full", "run": {"profile": "full", "date": "d", "commit": "abc", "wall_s": 1.0, "cpu_s": 2.0},
+        "experiments": [_real("01", "reproduced", [0.1, 0.2, 0.15]), _real("02", "inconclusive", [0.0, -0.1, 0.1]),
+                        _real("03", "regime not reached", [-0.2, -0.1, -0.3],
+                              [{"name": "zv", "value": 0.7, "inside": False, "toy": {"lo": 0.0, "hi": 0.1}}])]}  # fmt: skip
+TOY = {"checks": [{"id": i, "verdict": "reproduced", "comparisons": [_row(d)]}
+                  for i, d in (("01", [0.3, 0.5, 0.4]), ("02", [0.1, 0.2, 0.15]), ("03", [0.2, 0.3, 0.1]))]}  # fmt: skip
+
+
+def test_standardised_effect():
+    assert standardised_effect(_row([0.1, 0.2, 0.3])) == pytest.approx(0.2 / 0.1)
+    assert standardised_effect(_row([0.1, 0.1])) == math.inf and standardised_effect(_row([0.1])) != 0.1
+    assert math.isnan(standardised_effect(None))
+
+
+def test_transfer_rows_sign_agreement_and_lessons():
+    rows = {r["id"]: r for r in transfer_rows(REAL, TOY)}
+    assert rows["01"]["same_sign"] and rows["01"]["lesson"] == ""
+    assert rows["03"]["same_sign"] is False
+    assert "0.7" in rows["03"]["lesson"] and "regime" in rows["03"]["lesson"]
+    assert "too small or too noisy" in rows["02"]["lesson"]
+    text = transfer_table(REAL, TOY)
+    assert "| 03 paper 03 | 03 | reproduced | regime not reached | **no** |" in text
+    assert "Spearman" in text and "over 3 papers" in text
+
+
+def test_lesson_for_a_contradiction_with_the_regime_reached():
+    assert "mechanism" in lesson({"verdict": "contradicted", "gate": []}, "reproduced")
+
+
+def test_readme_cell_maps_lettered_ids_and_escapes_pipes():
+    assert real_model_cell(["01"], REAL).startswith("reproduced (3 seeds")
+    assert real_model_cell(["01", "02"], REAL).startswith("01: reproduced")
+    assert real_model_cell(["11b"], REAL) == "-" and real_model_cell(["01"], None) == "-"
+
+
+def test_replace_between_markers_keeps_the_rest():
+    page = "# Title\n\nhand text\n"
+    once = _replace(page, ("<!-- A -->", "<!-- END A -->"), "one\n")
+    twice = _replace(once + "tail\n", ("<!-- A -->", "<!-- END A -->"), "two\n")
+    assert once.startswith(page.rstrip("\n")) and "one" in once
+    assert "two" in twice and "one" not in twice and twice.endswith("tail\n") and twice.startswith("# Title")
+
+
+def test_update_docs_writes_sections_figures_and_the_table(tmp_path: Path):
+    (tmp_path / "docs" / "methods").mkdir(parents=True)
+    (tmp_path / "docs" / "paper_checks").mkdir(parents=True)
+    (tmp_path / "docs" / "methods" / "opd_then_rl.md").write_text("# OPD then RL\n\nkept\n")
+    (tmp_path / "docs" / "validation.md").write_text("# Validation\n\nearlier runs\n")
+    written = update_docs(REAL, tmp_path, toy=TOY)
+    page = (tmp_path / "docs" / "methods" / "opd_then_rl.md").read_text()
+    assert "kept" in page and "## On a real model" in page and "real_01.png" in page
+    assert (tmp_path / "docs" / "paper_checks" / "real_01.png").is_file()
+    assert "earlier runs" in (tmp_path / "docs" / "validation.md").read_text()
+    assert tmp_path / "docs" / "validation.md" in written
+    assert "Verdict: reproduced" in method_section(REAL["experiments"][0])
+    json.dumps(REAL)

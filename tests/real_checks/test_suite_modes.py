@@ -1,0 +1,45 @@
+"""Seed plans from a recorded pilot, the pilot file, and the gate-only mode (probes only, nothing trained)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posttrain.real_checks import experiments, select_experiments
+from posttrain.real_checks.arms import PILOT_OFFSET, PROFILES
+from posttrain.real_checks.experiment import RealVerdict
+from posttrain.real_checks.plan import pilot_share, seeds_for_share
+from posttrain.real_checks.suite import pilot_record, planned_seeds, run_suite, seed_plan
+
+
+def test_the_seed_plan_follows_a_recorded_pilot(tmp_path: Path):
+    exp = experiments()["16"]
+    assert seed_plan(exp, tmp_path / "none.json") == (exp.seeds, exp.seed_reason)
+    pilot = tmp_path / "pilot.json"
+    pilot.write_text(json.dumps({"16": {"differences": [0.02, 0.05, -0.01], "margin": 0.0, "seeds": [10000, 10002]}}))
+    n, reason = seed_plan(exp, pilot)
+    assert n == max(6, seeds_for_share(pilot_share([0.02, 0.05, -0.01], 0.0))) and "pilot" in reason
+    assert planned_seeds(exp, PROFILES["smoke"], None) == 1 and planned_seeds(exp, PROFILES["full"], 4) == 4
+
+
+def test_pilot_record_keeps_the_primary_differences():
+    payload = {"experiments": [{"id": "16", "comparisons": [
+        {"role": "primary", "differences": [0.1, 0.2, 0.0], "margin": 0.0},
+        {"role": "context", "differences": [9.0], "margin": 0.0}]}, {"id": "09", "comparisons": []}]}  # fmt: skip
+    rec = pilot_record(payload)
+    assert rec == {"16": {"differences": [0.1, 0.2, 0.0], "margin": 0.0, "seeds": [PILOT_OFFSET, PILOT_OFFSET + 1,
+                                                                                     PILOT_OFFSET + 2]}}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_gate_only_trains_nothing(tmp_path: Path):
+    lines: list[str] = []
+    out = run_suite(select_experiments(["09", "11", "16"]), PROFILES["smoke"], tmp_path, gate_only=True,
+                    log=lines.append)  # fmt: skip
+    verdicts = {e["id"]: e["verdict"] for e in out["experiments"]}
+    assert verdicts["09"] == RealVerdict.OUT_OF_SCOPE.value
+    assert verdicts["11"] in (RealVerdict.NOT_RUN.value, RealVerdict.REGIME_NOT_REACHED.value)
+    assert not any(line.startswith(("train ", "resume ")) for line in lines)
+    assert all("gate" in e for e in out["experiments"] if e["id"] != "09")
