@@ -5,7 +5,7 @@ Ours: ``masked_sum`` of the token rewards per row, ``group_normalized_advantages
 the mask). Anchors, interleaved with ours in the same run (``median [min-max]``):
 
 - verl's ``compute_grpo_vectorized_outcome_advantage`` (its vectorised path; prompt ids as a numpy
-  array, mask as floats, as verl holds it) when verl is importable; goal: ours no slower (<= 1.0x);
+  array, mask as floats, as verl holds it) when verl is importable; goal: ours <= 0.9x its time;
 - verl's ``compute_grpo_outcome_advantage`` (the per-sample Python loop), reported;
 - without verl both rows are skipped and the table says so.
 """
@@ -22,7 +22,7 @@ import torch
 from benchmarks._timing import Row, Spread, interleaved
 from posttrain.estimators import broadcast_sequence_advantages, group_normalized_advantages, masked_sum
 
-TARGET_OVER_VERL = 1.0
+TARGET_OVER_VERL = 0.9
 
 
 def ours(token_rewards: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:

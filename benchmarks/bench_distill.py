@@ -3,9 +3,9 @@
 Issue 5's sizes: B = 512 sequences, T = 2048 positions, top-k = 32, float32 CPU. Two signals:
 
 - the sampled-token reverse-KL advantage ``d = logp_teacher - logp_old`` on the response mask
-  (:func:`posttrain.estimators.distill.opd_token_advantages`, one pass over ``[B, T]``);
+  (:func:`posttrain.estimators.advantages.teacher.opd_token_advantages`, one pass over ``[B, T]``);
 - the top-k reverse KL ``sum_k softmax_k(ls) (ls - lt)`` from ``[B, T, k]`` log-probs
-  (:func:`posttrain.estimators.distill.topk_reverse_kl`).
+  (:func:`posttrain.estimators.divergences.reverse_kl.topk_reverse_kl`).
 
 The reference loops over sequences and works on each sequence's valid tokens (vectorised within a
 sequence), as a per-sample trainer would. Value checks are off on our side (the trainer's hot loop).
@@ -27,7 +27,7 @@ import argparse
 import torch
 
 from benchmarks._timing import Row, time_pair
-from posttrain.estimators.distill import opd_token_advantages, topk_reverse_kl
+from posttrain.estimators import opd_token_advantages, topk_reverse_kl
 from posttrain.validate import value_checks
 
 TARGET_SPEEDUP = 20.0

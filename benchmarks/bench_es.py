@@ -11,7 +11,11 @@ Throughput is the wall time of ES steps (population evaluation + update) in one 
 gloo processes (members round-robin, rewards all-reduced), with and without lockstep, one thread
 per process, the median of several back-to-back repeats; :func:`speedup_bound` gives the speed-up
 the measured costs allow (the update is done whole by every rank, so it caps the ratio below 2).
-A measurement, not a test: the exit status is 0 whatever the ratios.
+Noise reuse (:func:`noise_reuse`): the CPU time of ES's noise work with the step's
+:class:`~posttrain.estimators.es.NoiseCache` against regenerating the noise at every use, timed
+alternately in one process: on check 05's bandit (perturbed members and update of 10 seeds) and
+for the in-place perturb/restore/update of the tiny model (the trainer's default budget, and
+everything kept). A measurement, not a test: the exit status is 0 whatever the ratios.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
-__all__ = ["main", "memory_ratios", "peak_extra_bytes", "speedup_bound", "throughput"]
+from benchmarks._timing import load_average
+
+__all__ = ["main", "memory_ratios", "noise_reuse", "peak_extra_bytes", "speedup_bound", "throughput"]
 
 
 def peak_extra_bytes(fn: Callable[[], object]) -> int:
@@ -174,7 +180,7 @@ def speedup_bound(
     takes ``P/2 (2n + f) + U``, plus ``P/2 r`` with lockstep. Communication (one all-reduce of ``P``
     floats) is left out. Best-of timings make it far less sensitive to other load than wall time.
     """
-    from posttrain.estimators.es import EsPopulation
+    from posttrain.estimators import EsPopulation
     from posttrain.llm.es.params import apply_es_step_, perturb_, roundtrip_
     from posttrain.llm.es.trainer import generation_fitness, trainable_params
     from posttrain.llm.rollout.tasks import make_task
@@ -234,6 +240,65 @@ def throughput(
     return out
 
 
+def noise_reuse(*, hidden: int = 128, layers: int = 2, repeats: int = 7) -> dict[str, tuple[float, float, float]]:
+    """``{row: (seconds with the cache, seconds regenerating, kept bytes / weight bytes)}``, best of ``repeats``.
+
+    ``toy``: one ES step's noise work on check 05's bandit, 10 seeds of population 32 with ``b [8]``
+    and ``W [8, 16]`` in float64 (`perturbed_params`, then the update), with one `NoiseCache` per
+    seed against none. ``llm default`` / ``llm all kept``: perturb and restore of 16 members, then
+    `apply_es_step_`, on the tiny model, with the trainer's default budget (`step_noise_cache`) or
+    an unbounded cache, against ``NoiseCache(0)``. The results are checked equal, bit for bit.
+    """
+    from benchmarks._timing import time_pair
+    from posttrain.estimators.es import EsState, NoiseCache, evolution_strategy, perturbed_params
+    from posttrain.llm.es.params import apply_es_step_, perturb_, restore_, step_noise_cache
+    from posttrain.llm.es.trainer import EsTrainConfig, trainable_params
+
+    es = evolution_strategy(population=32, sigma=0.5, lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    toys = [{"b": torch.randn(8, generator=gen, dtype=torch.float64),
+             "W": torch.randn(8, 16, generator=gen, dtype=torch.float64)} for _ in range(10)]  # fmt: skip
+    states = [es.init(s) for s in range(10)]
+    rewards = torch.randn(32, generator=gen, dtype=torch.float64)
+
+    def toy_step(cached: bool) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for params, state in zip(toys, states, strict=True):
+            pop, cache = es.ask(state), NoiseCache() if cached else None
+            perturbed_params(params, pop, sigma=0.5, cache=cache)
+            out.append(es.update(params, pop, rewards, state, cache)[0])
+        return out
+
+    if not all(torch.equal(a[n], b[n]) for a, b in zip(toy_step(True), toy_step(False), strict=True) for n in a):
+        raise RuntimeError("the update with the step's NoiseCache differs from the regenerated one")
+    out = {"toy": (*time_pair(lambda: toy_step(True), lambda: toy_step(False), repeats=repeats), 0.0)}
+
+    model, _ = _model(hidden, layers)
+    params = trainable_params(model)
+    weights = sum(p.numel() * p.element_size() for p in params.values())
+    pop = evolution_strategy(population=16, sigma=1e-3, lr=5e-4).ask(EsState(step=0, key=0))
+    member_rewards = torch.randn(16, generator=gen, dtype=torch.float64)
+
+    def llm_step(cache: Callable[[], NoiseCache]) -> Callable[[], NoiseCache]:
+        def step() -> NoiseCache:
+            kept = cache()
+            for seed in pop.seeds.tolist():
+                perturb_(params, seed, sigma=1e-3, cache=kept)
+                restore_(params, seed, sigma=1e-3, cache=kept)
+            apply_es_step_(params, pop, member_rewards, lr=0.0, cache=kept)  # lr 0: the weights stay put
+            return kept
+
+        return step
+
+    budget = EsTrainConfig().noise_cache * weights
+    regenerate = llm_step(lambda: NoiseCache(0))
+    for row, cache in (("llm default", lambda: step_noise_cache(params, 16, max_bytes=budget)),
+                       ("llm all kept", NoiseCache)):  # fmt: skip
+        kept_bytes = llm_step(cache)().nbytes
+        out[row] = (*time_pair(llm_step(cache), regenerate, repeats=repeats), kept_bytes / weights)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_es", description=__doc__)
     p.add_argument("--hidden", type=int, default=128)
@@ -242,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="throughput repeats (the median is reported)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    print(f"noise drawn once per step vs regenerated at each use (CPU time, best of 7, alternated; {load_average()}):")
+    for row, (cached, regenerated, kept) in noise_reuse(hidden=args.hidden, layers=args.layers).items():
+        what = {"toy": "check 05's bandit, 10 seeds x 32 members: perturbed members + update",
+                "llm default": "tiny model, 16 members: perturb, restore, update; trainer's default budget",
+                "llm all kept": "tiny model, 16 members: perturb, restore, update; everything kept"}[row]  # fmt: skip
+        target = "  (target <= 0.5)" if row == "toy" else ""
+        print(f"  {what}: {1e3 * cached:.2f} ms vs {1e3 * regenerated:.2f} ms = {cached / regenerated:.2f}x"
+              f"{target}; kept noise / weights {kept:.2f}")  # fmt: skip
     mem = memory_ratios(hidden=args.hidden, layers=args.layers)
     print(f"weights: {mem['weights_bytes'] / 2**20:.2f} MiB; peak of one step / weights (target for ES <= 1.2):")
     print(f"  ES, fitness = teacher-forced log-prob of 8 sequences in one forward: {mem['es']:.3f}")

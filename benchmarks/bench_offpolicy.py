@@ -22,8 +22,9 @@ import torch
 
 from benchmarks._timing import Row, time_pair
 from posttrain.estimators import aggregate, clipped_ratio_loss
-from posttrain.estimators.replay import replay_add, replay_init, replay_select
-from posttrain.estimators.sis import sis_loss, sis_rejection_test
+from posttrain.estimators import replay_add, replay_init, replay_select
+from posttrain.estimators import sis_loss
+from posttrain.estimators.importance import sis_rejection_test
 
 TARGET_SIS = 1.10
 TARGET_REPLAY_S = 5e-3

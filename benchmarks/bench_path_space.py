@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from benchmarks._timing import Row, time_pair
-from posttrain.estimators.path_space import (
+from posttrain.estimators import (
     deterministic_value_gradient,
     girsanov_log_weights,
     ito_policy_gradient,

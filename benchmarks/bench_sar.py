@@ -12,7 +12,7 @@ import time
 import torch
 
 from benchmarks._timing import Row, time_pair
-from posttrain.estimators.projections import sar_project, sar_rank
+from posttrain.estimators.merging import sar_project, sar_rank
 
 # Qwen2.5-0.5B: hidden 896, intermediate 4864, 14 heads of 64, 2 KV heads -> k/v 128 x 896.
 SHAPES = {

@@ -55,11 +55,12 @@ def tune_malloc() -> bool:
 
 
 def _load_or_exit(config: Path, overrides: list[str]) -> Any:
-    """The validated run config; a bad one raises ``DomainError``, which the ``posttrain`` command turns into one
+    """The checked run (`posttrain.llm.config.RunPlan`: the config and the method built once); a bad config
+    raises ``DomainError`` before anything is built or written, which the ``posttrain`` command turns into one
     red line and exit code 2 (``posttrain --debug`` shows the traceback)."""
-    from posttrain.llm.config import load_config
+    from posttrain.llm.config import load_run
 
-    return load_config(config, overrides)
+    return load_run(config, overrides)
 
 
 def train_command(
@@ -80,12 +81,12 @@ def train_command(
     --out must be a new directory unless --resume or --overwrite is given.
     """
     tune_malloc()
-    cfg = _load_or_exit(config, overrides)
+    plan = _load_or_exit(config, overrides)
     from posttrain.llm.run import train
 
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
-    history = train(cfg, run_dir, resume=resume, overwrite=overwrite, progress=False if quiet else None)
+    history = train(plan, run_dir, resume=resume, overwrite=overwrite, progress=False if quiet else None)
     if history:
         first, last = history[0], history[-1]
         console.print(
@@ -111,15 +112,15 @@ def es_command(
     population's mean reward. examples/es_tiny_cpu.yaml is sized for a CPU (the paper's population 32 x
     500 steps, the defaults, take hours there).
     """
-    cfg = _load_or_exit(config, overrides)
-
+    plan = _load_or_exit(config, overrides)
+    cfg = plan.config
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
     console.print(
         f"ES: {cfg.es.steps} steps x population {cfg.es.population} x "
         f"{cfg.es.prompts_per_step or cfg.data.prompts_per_step} prompts (greedy generations), model from {run_dir}"
     )
-    rl_logs, es_logs = _es_with_progress(cfg, run_dir, overwrite=overwrite, show=not quiet)
+    rl_logs, es_logs = _es_with_progress(plan, run_dir, overwrite=overwrite, show=not quiet)
     if rl_logs:
         console.print(f"RL: {len(rl_logs)} steps, reward_mean {rl_logs[-1]['reward_mean']:.3f}")
     if es_logs:
@@ -129,28 +130,25 @@ def es_command(
         )
 
 
-def _es_with_progress(cfg: Any, run_dir: Path, *, overwrite: bool, show: bool) -> Any:
-    """`es_from_config` with a rich progress bar over the ES steps."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _es_with_progress(plan: Any, run_dir: Path, *, overwrite: bool, show: bool) -> Any:
+    """`es_from_config` with its progress (`posttrain.llm.train.progress`: a bar on a terminal, plain lines in a
+    log) over the ES steps, then the run's curves (curves.png)."""
     from posttrain.llm.run import es_from_config
+    from posttrain.llm.train.curves import draw_curves
+    from posttrain.llm.train.progress import RunProgress
 
-    if not show:
-        return es_from_config(cfg, run_dir, overwrite=overwrite)
-    with Progress(
-        TextColumn("[bold]es"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"),
-        console=console,
-    ) as bar:  # fmt: skip
-        job = bar.add_task("es", total=cfg.es.steps, info="building the model (and the SFT warm-up, if any)")
+    cfg = plan.config
+    with RunProgress(console=console, show=show) as progress:
+        progress.declare("es", cfg.es.steps)
 
         def on_step(log: Any) -> None:
-            info = f"reward {log.reward_mean:.3f} +- {log.reward_std:.3f}" + (
-                "  (no-op: all equal)" if log.noop else ""
-            )
-            bar.update(job, completed=log.step + 1, info=info)
+            noop = "  (no-op: all equal)" if log.noop else ""
+            progress.step("es", log.step + 1, f"reward {log.reward_mean:.3f} +- {log.reward_std:.3f}{noop}")
 
-        result = es_from_config(cfg, run_dir, on_step=on_step, overwrite=overwrite)
-    console.print(f"es {len(result[1])}/{cfg.es.steps} steps done")
+        result = es_from_config(plan, run_dir, on_step=on_step, overwrite=overwrite)
+    draw_curves(run_dir)
+    if show:
+        console.print(f"es {len(result[1])}/{cfg.es.steps} steps done")
     return result
 
 
@@ -161,31 +159,54 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def _run_of(model_dir: Path) -> Path | None:
-    """The run directory above a model directory (``RUN/initial``, ``RUN/checkpoints/step_N/model``, ``RUN/es``):
-    the nearest of its parents, up to three levels, with a ``config.yaml``."""
-    for parent in list(model_dir.absolute().parents)[:3]:
-        if (parent / "config.yaml").is_file():
-            return parent
-    return None
-
-
 def resolve_checkpoint(path: Path) -> tuple[Path, Path | None]:
-    """``(model_dir, run_dir)`` for a run directory (its newest intact checkpoint), a checkpoint directory, or a
-    model directory (``run_dir``: the run around it, or None)."""
-    from posttrain.errors import DomainError
-    from posttrain.llm.train.checkpoint import intact_checkpoint
+    """``(model_dir, run_dir)`` for a run directory, a checkpoint or a model directory, verified
+    (`posttrain.llm.train.eval_target.eval_target`)."""
+    from posttrain.llm.train.eval_target import eval_target
 
-    if (path / "checkpoints").is_dir():
-        ckpt = intact_checkpoint(path / "checkpoints")
-        if ckpt is None:
-            raise DomainError(f"CHECKPOINT: {path} has no complete, intact checkpoint")
-        return ckpt / "model", path
-    if any((path / "model" / name).is_file() for name in ("config.json", "adapter_config.json")):  # LoRA: adapter
-        return path / "model", _run_of(path / "model")
-    if (path / "config.json").is_file():
-        return path, _run_of(path)
-    raise DomainError(f"CHECKPOINT: {path} is not a run directory, a checkpoint or a model directory")
+    target = eval_target(path)
+    return target.model_dir, target.run_dir
+
+
+def format_metrics(metrics: dict[str, Any], *, title: str, samples: int | None = None, width: int | None = None) -> str:
+    """The eval table as text (``width`` columns, default the terminal's): metric names never wrapped, an
+    undefined value (NaN: nothing judged to average) as "-", then a note on unjudged samples."""
+    import io
+    import math
+
+    from rich.text import Text
+
+    out = Console(file=io.StringIO(), width=width or console.width, highlight=False, soft_wrap=False)
+    out.print(Text(title, overflow="fold"))
+    table = Table(show_header=True)
+    table.add_column("metric", style="bold", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    for key, value in metrics.items():
+        shown = "-" if isinstance(value, float) and math.isnan(value) else (
+            str(value) if isinstance(value, int) else f"{value:.4f}"
+        )  # fmt: skip
+        table.add_row(key, shown)
+    out.print(table)
+    unjudged, total = int(metrics.get("unjudged", 0)), samples if samples is not None else "?"
+    if unjudged and metrics.get("judged_prompts", 0) == 0:
+        out.print(
+            Text(f"no sampled completion was judged ({unjudged} of {total}): the reward could not be computed (a "
+                 "reward function returned None, or a verifier ran out of time), so reward_mean, pass@k and mean@k "
+                 "are undefined (-)", overflow="fold")
+        )  # fmt: skip
+    elif unjudged:
+        out.print(
+            Text(f"{unjudged} of {total} sampled completions were not judged (left out, never scored 0); pass@k and "
+                 f"mean@k average the {metrics.get('judged_prompts')} prompts whose samples were all judged",
+                 overflow="fold")
+        )  # fmt: skip
+    flat = metrics.get("zero_variance_prompts")
+    if isinstance(flat, float) and flat == flat and flat >= 0.5:
+        out.print(
+            Text(f"{flat:.0%} of the judged prompts gave every sample the same reward: a group-baseline method (GRPO, "
+                 "RLOO, ...) gets a zero advantage, hence no gradient, from each of them", overflow="fold")
+        )  # fmt: skip
+    return out.file.getvalue()  # type: ignore[attr-defined, no-any-return]
 
 
 def eval_command(
@@ -194,52 +215,60 @@ def eval_command(
     n: int = typer.Option(None, "--n", help="Samples per prompt (default: the largest k)."),
     prompts: int = typer.Option(None, "--prompts", help="Held-out prompts (default: data.eval_prompts)."),
     config: Path = typer.Option(None, "--config", help="Config for the task (default: the run's config.yaml)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
+    json_out: bool = typer.Option(False, "--json", metavar="", help="Print the metrics as JSON."),
 ) -> None:
-    """Evaluate a checkpoint: unbiased pass@k / mean@k, greedy accuracy, response length, entropy."""
+    """Evaluate a run, a checkpoint or a model: unbiased pass@k / mean@k, greedy accuracy, response length, entropy.
+
+    A run directory is evaluated from its ES endpoint, else its newest intact checkpoint, else initial/ (an
+    interrupted run); whatever a run wrote is verified against its checksums first. The metrics are appended
+    to the run's eval.jsonl.
+    """
     from posttrain.errors import DomainError
     from posttrain.llm.config import load_config
     from posttrain.llm.rollout.reward_fn import with_reward_function
     from posttrain.llm.rollout.tasks import make_task
     from posttrain.llm.run import load_model
+    from posttrain.llm.train.eval_target import eval_target
     from posttrain.llm.train.evaluate import evaluate
+    from posttrain.llm.train.rundir import RunDirError, append_jsonl
 
     try:
         ks = sorted({int(x) for x in k.split(",") if x.strip()})
     except ValueError:
         raise DomainError(f"--k: expected comma-separated integers, got {k!r}") from None
     _quiet_transformers()
-    model_dir, run_dir = resolve_checkpoint(checkpoint)
+    target = eval_target(checkpoint)
+    model_dir, run_dir = target.model_dir, target.run_dir
+    if run_dir is not None and (run_dir / "eval.jsonl").is_symlink():  # refused before the work, not after
+        raise RunDirError(f"{run_dir / 'eval.jsonl'} is a symbolic link; a run writes only inside its directory")
+    if target.note:
+        Console(stderr=True).print(f"evaluating {model_dir} ({target.note})", highlight=False, soft_wrap=True)
     cfg_path = config or (run_dir / "config.yaml" if run_dir is not None else None)
     if cfg_path is None:  # the task would silently be the default one
         raise DomainError(f"--config: {checkpoint} is not inside a run directory (no config.yaml); pass --config")
     cfg = load_config(cfg_path)
     model, tokenizer = load_model(model_dir, cfg)
+    n_prompts, n_samples = prompts or cfg.data.eval_prompts, n or max(ks)
     metrics: dict[str, Any] = evaluate(
         model,
         tokenizer,
         with_reward_function(make_task(cfg.data.task, **cfg.data.options), cfg.data.reward),
-        n_prompts=prompts or cfg.data.eval_prompts,
-        n_samples=n or max(ks),
+        n_prompts=n_prompts,
+        n_samples=n_samples,
         ks=ks,
         seed=cfg.seed,
         sampling=cfg.rollout.sampling(),
         chat_template=cfg.model.chat_template,
         system=cfg.model.system_prompt,
     )
-    record = {"checkpoint": str(model_dir), **metrics}
+    undefined = [k for k, v in metrics.items() if isinstance(v, float) and v != v]  # NaN: JSON null
+    record = {"checkpoint": str(model_dir), **metrics, **dict.fromkeys(undefined)}
     if run_dir is not None:
-        with open(run_dir / "eval.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(run_dir / "eval.jsonl", record)
     if json_out:
         print(json.dumps(record))
         return
-    table = Table(title=f"eval {model_dir}")
-    table.add_column("metric", style="bold")
-    table.add_column("value", justify="right")
-    for key, value in metrics.items():
-        table.add_row(key, f"{value:.4f}")
-    console.print(table)
+    console.print(format_metrics(metrics, title=f"eval {model_dir}", samples=n_prompts * n_samples), end="")
 
 
 def pairs_command(
@@ -255,12 +284,12 @@ def pairs_command(
     the pool), OUT/design.json (objective, Frank-Wolfe gap, prompts covered, pool sizes, ties) and OUT/initial (the
     reference model); `posttrain dpo` trains on the pairs file.
     """
-    cfg = _load_or_exit(config, overrides)
+    plan = _load_or_exit(config, overrides)
     from posttrain.llm.run_pairs import design_from_config
 
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
-    log = design_from_config(cfg, run_dir, overwrite=overwrite)
+    log = design_from_config(plan, run_dir, overwrite=overwrite)
     lab = log["labels"]
     console.print(
         f"{log['design']} design over {log['pool']['edges']} candidate pairs: objective {log['objective']:.4g} "
@@ -281,12 +310,12 @@ def dpo_command(
     reference model.reference (null: the same model). Writes metrics.jsonl (loss, implicit-reward accuracy, margin)
     and checkpoints.
     """
-    cfg = _load_or_exit(config, overrides)
+    plan = _load_or_exit(config, overrides)
     from posttrain.llm.run_pairs import dpo_from_config
 
     _quiet_transformers()
     run_dir = out or Path("runs") / config.stem
-    history = dpo_from_config(cfg, run_dir, overwrite=overwrite)
+    history = dpo_from_config(plan, run_dir, overwrite=overwrite)
     if history:
         first, last = history[0], history[-1]
         console.print(

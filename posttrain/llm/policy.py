@@ -17,48 +17,42 @@ named in its ``adapter_config.json`` (the run's ``initial/``, an absolute path) 
 from __future__ import annotations
 
 import copy
+import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from posttrain.errors import DomainError
+from posttrain.llm.typed import Checked, Range
 
 __all__ = ["LORA_SAVES", "LoraConfig", "is_peft", "load_policy_weights", "prepare_policy", "save_policy"]
 
-LORA_SAVES = ("adapter", "merged")
+LoraSave = Literal["adapter", "merged"]
+LORA_SAVES: tuple[str, ...] = typing.get_args(LoraSave)
 """``model.lora.save``: what a checkpoint's ``model/`` holds."""
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
 @dataclass(frozen=True)
-class LoraConfig:
+class LoraConfig(Checked):
     """LoRA adapters (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): ``W + (alpha/r) B A``.
 
     ``target_modules``: comma-separated module names (``"q_proj,v_proj"``) or ``"all-linear"``.
     ``save``: ``adapter`` (checkpoints hold the adapter) or ``merged`` (full weights with ``B A`` folded in).
     """
 
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
+    r: Annotated[int, Range(1, 1 << 14)] = 8
+    alpha: Annotated[int, Range(0, 1 << 20, low_open=True)] = 16
+    dropout: Annotated[float, Range(0.0, 1.0, high_open=True)] = 0.0
     target_modules: str = "q_proj,k_proj,v_proj,o_proj"
-    save: str = "adapter"
+    save: LoraSave = "adapter"
 
-    def check(self, where: str = "model.lora") -> None:
-        """Refuse values peft would reject later (or silently misuse), naming the key."""
-        if self.r < 1:
-            raise DomainError(f"{where}.r: expected a rank >= 1, got {self.r}")
-        if not self.alpha > 0:
-            raise DomainError(f"{where}.alpha: expected a number > 0, got {self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise DomainError(f"{where}.dropout: expected a probability in [0, 1), got {self.dropout}")
+    def check(self) -> None:
+        """Refuse values peft would reject later (or silently misuse)."""
         if not self.modules():
-            raise DomainError(
-                f"{where}.target_modules: expected module names or 'all-linear', got {self.target_modules!r}"
-            )
-        if self.save not in LORA_SAVES:
-            raise DomainError(f"{where}.save: unknown name {self.save!r}; valid: {', '.join(LORA_SAVES)}")
+            raise DomainError(f"target_modules: expected module names or 'all-linear', got {self.target_modules!r}")
 
     def modules(self) -> list[str] | str:
         if self.target_modules.strip() == "all-linear":
@@ -96,7 +90,11 @@ def prepare_policy(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.modules(), task_type="CAUSAL_LM"
     )
     try:
-        wrapped: Any = peft.get_peft_model(model, peft_cfg)
+        with warnings.catch_warnings():  # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            wrapped: Any = peft.get_peft_model(model, peft_cfg)
     except ValueError as exc:  # "Target modules {...} not found in the base model"
         raise DomainError(f"model.lora.target_modules: {exc}") from exc
     if gradient_checkpointing:  # frozen embeddings: the checkpointed layers' inputs must still require grad

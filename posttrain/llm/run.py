@@ -12,10 +12,16 @@ task) and nowhere in the loop. Directory layout of a run:
 
 A directory belongs to one run (`posttrain.llm.train.rundir`): training into one that holds a run
 needs ``resume`` (same config, except the keys of ``RESUMABLE_KEYS``) or ``overwrite``.
+
+The entry points take a `RunPlan` (`posttrain.llm.config.load_run`: the checked config, its `Algorithm` built
+once, the run's one `SamplingConfig` and its task) or a `RunConfig` (planned here). The fillers of the needs
+the method declares are built from the table `posttrain.llm.methods.needs.NEEDS`; a method's own pieces
+(``Algorithm.edge``) join them; nothing here tests a method's name or a need by name.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from posttrain.llm.config import RunConfig, algorithm_of
+from posttrain.llm.config import RunConfig, RunPlan, plan_run
 from posttrain.llm.es.trainer import (
     EsStepLog,
     EsTrainConfig,
@@ -33,20 +39,18 @@ from posttrain.llm.es.trainer import (
     rank_world,
     trainable_params,
 )
-from posttrain.llm.methods.flow import prompt_feature_filler
-from posttrain.llm.methods.routing import routing_edge
-from posttrain.llm.methods.teachers import check_same_tokenizer, routed_filler, teachers_in_domain_order
-from posttrain.llm.methods.topk import StudentTopK, topk_logp_filler
+from posttrain.llm.methods.algorithm import EdgeContext
+from posttrain.llm.methods.needs import NEEDS, FillContext, Filler, Need
+from posttrain.llm.methods.teachers import check_same_tokenizer, teachers_in_domain_order
 from posttrain.llm.policy import prepare_policy
 from posttrain.llm.rollout.answer import AnswerSuffixStage
 from posttrain.llm.rollout.branching import BranchingStage
-from posttrain.llm.rollout.engine import HFEngine, RolloutEngine
-from posttrain.llm.rollout.logprobs import token_logprobs
+from posttrain.llm.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
 from posttrain.llm.rollout.oracle import OracleStage
 from posttrain.llm.rollout.replay import ReplayStage
 from posttrain.llm.rollout.reward_fn import with_reward_function
 from posttrain.llm.rollout.stages import RolloutStage
-from posttrain.llm.rollout.tasks import make_task
+from posttrain.llm.rollout.text import encode_prompts
 from posttrain.llm.train.parallel import wrap_frozen, wrap_model
 from posttrain.llm.train.rundir import (
     RunDirError,
@@ -57,12 +61,22 @@ from posttrain.llm.train.rundir import (
     verify_checksums,
 )
 from posttrain.llm.train.sinks import metric_sinks
-from posttrain.llm.train.trainer import Filler, Trainer
+from posttrain.llm.train.trainer import Trainer
 
 __all__ = [
-    "ENGINE_FACTORIES", "build_initial", "build_stages", "build_trainer", "es_from_config", "grpo_then_es",
-    "load_model", "train",
+    "ENGINE_FACTORIES", "as_plan", "build_initial", "build_stages", "build_trainer", "es_from_config", "grpo_then_es",
+    "load_model", "train", "training_task",
 ]  # fmt: skip
+
+
+def as_plan(run: RunPlan | RunConfig) -> RunPlan:
+    """``run`` itself, or the `RunPlan` of a config (checked and planned now)."""
+    return run if isinstance(run, RunPlan) else plan_run(run)
+
+
+def training_task(plan: RunPlan) -> Any:
+    """The plan's task scored by ``data.reward`` when set (its module imported and tried here, not at load)."""
+    return with_reward_function(plan.task, plan.config.data.reward)
 
 
 def load_model(path: str | Path, cfg: RunConfig) -> tuple[Any, Any]:
@@ -81,24 +95,26 @@ def load_model(path: str | Path, cfg: RunConfig) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def _hf_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
+def _hf_engine(cfg: RunConfig, sampling: SamplingConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
     sharded = cfg.distributed.strategy == "fsdp" and dist.is_available() and dist.is_initialized()
     return HFEngine(
         model,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        sampling=cfg.rollout.sampling(),
+        sampling=sampling,
         synced_gpus=sharded,
         compile_decode=cfg.rollout.compile_decode,
     )
 
 
-def _vllm_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) -> RolloutEngine:
+def _vllm_engine(
+    cfg: RunConfig, sampling: SamplingConfig, model: Any, tokenizer: Any, model_dir: Path
+) -> RolloutEngine:
     from posttrain.llm.rollout.vllm import VLLMEngine
 
     return VLLMEngine(
         model_dir,
-        sampling=cfg.rollout.sampling(),
+        sampling=sampling,
         seed=cfg.seed,
         dtype=cfg.model.dtype,
         eos_id=tokenizer.eos_token_id,
@@ -109,47 +125,30 @@ def _vllm_engine(cfg: RunConfig, model: Any, tokenizer: Any, model_dir: Path) ->
     )
 
 
-ENGINE_FACTORIES: dict[str, Callable[[RunConfig, Any, Any, Path], RolloutEngine]] = {
+ENGINE_FACTORIES: dict[str, Callable[[RunConfig, SamplingConfig, Any, Any, Path], RolloutEngine]] = {
     "hf": _hf_engine,
     "vllm": _vllm_engine,
 }
+"""``rollout.engine`` (`posttrain.llm.config.schema.EngineName`) -> ``(cfg, sampling, model, tokenizer, model_dir)``."""
 
 
-def _logp_filler(model: Any, temperature: float) -> Filler:
-    model.eval().requires_grad_(False)
-
-    def fill(batch: Any) -> torch.Tensor:
-        logp, _ = token_logprobs(
-            model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, temperature=temperature
-        )
-        return logp
-
-    return fill
-
-
-def _teacher_fillers(cfg: RunConfig, policy: Any, tokenizer: Any, domains: Sequence[str]) -> dict[str, Filler]:
-    """``logp_teacher`` and ``topk_logp_teacher`` of ``model.teacher``, or of ``model.teachers`` routed by
-    ``batch.domain`` (`routed_filler`); every teacher must share the policy's tokenizer."""
-    m, temperature = cfg.model, cfg.rollout.temperature
+def _teachers(cfg: RunConfig, policy: Any, tokenizer: Any, domains: Sequence[str]) -> list[Any]:
+    """The frozen ``model.teacher``, or the ``model.teachers`` in the task's domain order; every teacher must
+    share the policy's tokenizer."""
+    m = cfg.model
     if m.teachers is None:
-        assert m.teacher is not None
+        if m.teacher is None:
+            return []
         specs = [("model.teacher", m.teacher)]
     else:
         paths = teachers_in_domain_order(m.teachers, domains, cfg.data.task)
         specs = [(f"model.teachers.{d}", path) for d, path in zip(domains, paths, strict=True)]
-    logp, topk = [], []
+    out = []
     for key, path in specs:
         teacher, teacher_tokenizer = load_model(path, cfg)
         check_same_tokenizer(key, teacher_tokenizer, teacher, tokenizer, policy)
-        teacher = wrap_frozen(teacher, cfg.distributed.strategy)
-        logp.append(_logp_filler(teacher, temperature))
-        topk.append(topk_logp_filler(teacher, temperature=temperature, field="topk_logp_teacher"))
-    if m.teachers is None:
-        return {"logp_teacher": logp[0], "topk_logp_teacher": topk[0]}
-    return {
-        "logp_teacher": routed_filler(logp, "logp_teacher"),
-        "topk_logp_teacher": routed_filler(topk, "topk_logp_teacher"),
-    }
+        out.append(wrap_frozen(teacher, cfg.distributed.strategy))
+    return out
 
 
 def build_stages(
@@ -202,11 +201,11 @@ def build_initial(
     """Build or load the policy (``model.path``, or a tiny model in ``out/tiny``), run the SFT warm-up on ``task``
     (losses in ``out/sft_metrics.jsonl``) and save it atomically as ``out/initial`` (the reference model); returns
     that directory. Single process: a data-parallel caller runs it on rank 0."""
-    from posttrain.llm.tools.tiny import TinyConfig, build_tiny
+    from posttrain.llm.tools.tiny import build_tiny
     from posttrain.llm.train.sft import sft_warmup
 
     initial = out / "initial"
-    source = cfg.model.path or build_tiny(out / "tiny", TinyConfig(**cfg.model.tiny), seed=cfg.seed)
+    source = cfg.model.path or build_tiny(out / "tiny", cfg.model.tiny, seed=cfg.seed)
     model, tokenizer = load_model(source, cfg)
     if cfg.data.sft_steps:
         losses = sft_warmup(
@@ -229,8 +228,24 @@ def build_initial(
     return initial
 
 
+def _fill_context(plan: RunPlan, model: Any, tokenizer: Any, initial: Path, domains: Sequence[str]) -> FillContext:
+    """What the fillers of ``plan`` are built from; the reference and the teachers load on first use, once."""
+    cfg = plan.config
+
+    @functools.cache
+    def reference() -> Any:
+        return wrap_frozen(load_model(cfg.model.reference or initial, cfg)[0], cfg.distributed.strategy)
+
+    @functools.cache
+    def teachers() -> list[Any]:
+        return _teachers(cfg, model, tokenizer, domains)
+
+    routed = cfg.model.teachers is not None
+    return FillContext(model, plan.sampling.temperature, cfg.algorithm.topk, reference, teachers, routed)
+
+
 def build_trainer(
-    cfg: RunConfig,
+    run: RunPlan | RunConfig,
     out_dir: str | Path,
     *,
     resume: bool = False,
@@ -241,127 +256,105 @@ def build_trainer(
     """Everything a run needs, ready to `fit`.
 
     ``out_dir`` must be new or empty unless ``resume`` (continue the run in it; the config may differ only
-    in `RESUMABLE_KEYS`) or ``overwrite`` (remove its run first); else
-    `RunDirError`. On a fresh run: build or load the model, run the SFT
-    warm-up (``on_sft_step(step, loss)`` after each step; the losses also go to ``sft_metrics.jsonl``),
-    save it atomically as ``out/initial``. On resume, ``out/initial`` is loaded and the newest intact
-    checkpoint's weights replace the policy's.
+    in `RESUMABLE_KEYS`) or ``overwrite`` (remove its run first); else `RunDirError`. The training task (with
+    ``data.reward``, imported here) is built before the directory is claimed. On a fresh run: build or load the
+    model, run the SFT warm-up (``on_sft_step(step, loss)`` after each step; the losses also go to
+    ``sft_metrics.jsonl``), save it atomically as ``out/initial``. On resume, ``out/initial`` is loaded and the
+    newest intact checkpoint's weights replace the policy's. The plan's `Algorithm` is the one trained (a plan
+    builds one trainer).
     """
+    plan = as_plan(run)
+    cfg, algorithm = plan.config, plan.algorithm
     out = Path(out_dir)
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
     changes = check_run_dir(out, cfg, resume=resume, overwrite=overwrite)  # every rank: read only
-    if dist.is_available() and dist.is_initialized():
+    task = training_task(plan)
+    if distributed:
         dist.barrier()
     if rank == 0:
         claim_run_dir(out, cfg, changes, overwrite=overwrite)
-    task = with_reward_function(make_task(cfg.data.task, **cfg.data.options), cfg.data.reward)
     initial = out / "initial"
     if not (resume and _initial_is_usable(initial, out / "checkpoints")):
         if rank == 0:
             build_initial(cfg, out, task, on_sft_step=on_sft_step)
-        if dist.is_available() and dist.is_initialized():
+        if distributed:
             dist.barrier()
     model, tokenizer = load_model(initial, cfg)
     m = cfg.model
     model = prepare_policy(model, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing, base_path=initial)
-    algorithm = algorithm_of(cfg)
     device = next(model.parameters()).device
     for module in algorithm.modules:  # on the policy's device: NCCL all-reduces their gradients there
         module.to(device)
-    fillers: dict[str, Filler] = {}
-    temperature = cfg.rollout.temperature
-    if algorithm.needs & {"logp_ref", "topk_logp_ref"}:
-        reference = wrap_frozen(load_model(cfg.model.reference or initial, cfg)[0], cfg.distributed.strategy)
-        fillers["logp_ref"] = _logp_filler(reference, temperature)
-        fillers["topk_logp_ref"] = topk_logp_filler(reference, temperature=temperature, field="topk_logp_ref")
-    if cfg.model.teacher is not None or cfg.model.teachers is not None:  # one teacher, or one routed per domain
-        fillers |= _teacher_fillers(cfg, model, tokenizer, getattr(task, "domains", ()))
-    student = StudentTopK(model, k=cfg.algorithm.topk, temperature=temperature)  # one forward for both fields
-    fillers["topk_ids"], fillers["topk_logp_old"] = student.ids, student.logp
-    if "prompt_features" in algorithm.needs:  # e.g. FlowRL's log-partition input, from the policy itself
-        fillers["prompt_features"] = prompt_feature_filler(model)
-    if "synthetic" in algorithm.needs:  # marked by rollout.oracle (checked at load); else no row is synthetic
-        fillers["synthetic"] = lambda b: torch.zeros(b.batch_size, dtype=torch.bool, device=b.mask.device)
-    routing: tuple[RolloutStage, ...] = ()
-    if "route" in algorithm.needs:  # a per-prompt recipe router (Self-Routing): its stage, queue-only forwards
-        routing, routed_fillers = routing_edge(cfg, tokenizer, task, fillers)
-        fillers.update(routed_fillers)
-    wrapped = wrap_model(model, cfg.distributed.strategy)  # FSDP2 shards in place, before the engine sees it
-    engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, initial)
-    trainer = Trainer(
-        cfg,
-        model=wrapped,
-        tokenizer=tokenizer,
+    context = _fill_context(plan, model, tokenizer, initial, getattr(task, "domains", ()))
+
+    def fill(need: Need) -> Filler:
+        make = NEEDS[need].fill
+        assert make is not None, need
+        return make(context)
+
+    fillers = {n: fill(n) for n in algorithm.needs - algorithm.provides if NEEDS[n].fill is not None}
+    stages = build_stages(
+        cfg, vocab_size=len(tokenizer), world=dist.get_world_size() if distributed else 1, tokenizer=tokenizer,
         task=task,
-        engine=engine,
-        algorithm=algorithm,
-        out_dir=out,
-        fillers=fillers,
-        stages=build_stages(
-            cfg,
-            vocab_size=len(tokenizer),
-            world=dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
-            tokenizer=tokenizer,
-            task=task,
+    )  # fmt: skip
+    if algorithm.edge is not None:  # the method's own pieces, e.g. Self-Routing's router and queue-only forwards
+        encode = functools.partial(encode_prompts, tokenizer, chat_template=m.chat_template, system=m.system_prompt)
+        own_stages, own_fillers = algorithm.edge(
+            EdgeContext(
+                cfg.seed,
+                tokenizer,
+                task,
+                encode,
+                fill,
+                has_teacher=m.teacher is not None or m.teachers is not None,
+                policy=model,
+                temperature=plan.sampling.temperature,
+            )
         )
-        + routing,
-    )
+        stages, fillers = stages + own_stages, {**fillers, **own_fillers}
+    wrapped = wrap_model(model, cfg.distributed.strategy)  # FSDP2 shards in place, before the engine sees it
+    engine = engine or ENGINE_FACTORIES[cfg.rollout.engine](cfg, plan.sampling, model, tokenizer, initial)
+    trainer = Trainer(
+        cfg, model=wrapped, tokenizer=tokenizer, task=task, engine=engine, algorithm=algorithm,
+        sampling=plan.sampling, out_dir=out, fillers=fillers, stages=stages,
+    )  # fmt: skip
     if resume:
         trainer.resume()
         trainer.resumed_with = {k: [old, new] for k, (old, new) in changes.items()} or None
     return trainer
 
 
-def _num(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def train(
-    cfg: RunConfig,
+    run: RunPlan | RunConfig,
     out_dir: str | Path,
     *,
     resume: bool = False,
     overwrite: bool = False,
     progress: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """Build the trainer and run it, with rich progress bars: the model build, the SFT warm-up (loss) and the
-    RL steps (reward, KL, entropy); every step's metrics also go to the TensorBoard / W&B sinks the config
-    asks for (`posttrain.llm.train.sinks`)."""
+    """Build the trainer and run it, showing its progress (`posttrain.llm.train.progress`: bars on a terminal,
+    plain lines in a log): the model build, the SFT warm-up (loss) and the RL steps (reward, KL, entropy);
+    every step's metrics also go to the sinks (`posttrain.llm.train.sinks`: curves.png, TensorBoard, W&B)."""
+    from posttrain.llm.train.progress import run_progress
+
+    plan = as_plan(run)
+    cfg = plan.config
     show = cfg.logging.progress if progress is None else progress
-    if not show:
-        trainer = build_trainer(cfg, out_dir, resume=resume, overwrite=overwrite)
-        with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
-            return trainer.fit(on_step=to_sinks)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("[bold]{task.description:<5}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    ) as bar:
-        setup = bar.add_task("setup", total=None, info="building the model (and the SFT warm-up, if any)")
-        sft = bar.add_task("sft", total=cfg.data.sft_steps, info="", visible=False)
-
-        def on_sft_step(step: int, loss: float) -> None:
-            bar.update(sft, completed=step, info=f"loss {loss:.4f}", visible=True)
-
-        trainer = build_trainer(cfg, out_dir, resume=resume, overwrite=overwrite, on_sft_step=on_sft_step)
-        bar.update(setup, total=1, completed=1, info="model ready")
-        job = bar.add_task("train", total=cfg.optim.steps, completed=trainer.step, info="")
+    with run_progress(steps=cfg.optim.steps, sft_steps=cfg.data.sft_steps, show=show) as bar:
+        trainer = build_trainer(plan, out_dir, resume=resume, overwrite=overwrite, on_sft_step=bar.sft_step)
+        bar.ready(trainer.step)
         with metric_sinks(cfg, Path(out_dir), rank=trainer.rank) as to_sinks:
 
             def on_step(m: dict[str, Any]) -> None:
-                info = f"reward {_num(m['reward_mean'])}  kl {_num(m['kl'], 4)}  entropy {_num(m['entropy'])}"
-                bar.update(job, completed=m["step"], info=info)
+                bar.train_step(m)
                 to_sinks(m)
 
             return trainer.fit(on_step=on_step)
 
 
 def grpo_then_es(
-    run_config: Any,
+    run_config: RunPlan | RunConfig,
     out_dir: str | Path,
     es_config: EsTrainConfig,
     *,
@@ -374,19 +367,21 @@ def grpo_then_es(
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """The sequential GRPO -> ES schedule (Ba et al. 2026, §4C): the RL trainer's run, then ES from its endpoint.
 
-    ``run_config`` is a `RunConfig` (its ``optim.steps`` are the GRPO
+    ``run_config`` is a `RunPlan` or `RunConfig` (its ``optim.steps`` are the GRPO
     half; ``rl_first=False`` skips it: ES from the SFT'd model); ES then runs ``es_config.steps`` on the
     same model, task and response limit with greedy fitness on ``prompts_per_step`` prompts per step
     (``micro_batch`` of them per ``generate`` call).
     The ES endpoint is saved (atomically) as ``out_dir/es``; ``overwrite`` replaces a run already in ``out_dir``.
     """
-    trainer = build_trainer(run_config, out_dir, overwrite=overwrite)
+    plan = as_plan(run_config)
+    cfg = plan.config
+    trainer = build_trainer(plan, out_dir, overwrite=overwrite)
     rl_logs = trainer.fit() if rl_first else []
     model = trainer.policy
     fitness = generation_fitness(
         model, trainer.tokenizer, trainer.task, prompts_per_step=prompts_per_step, seed=es_config.seed,
-        max_new_tokens=max_new_tokens or run_config.rollout.max_new_tokens,
-        chat_template=run_config.model.chat_template, system=run_config.model.system_prompt,
+        max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
+        chat_template=cfg.model.chat_template, system=cfg.model.system_prompt,
         micro_batch=micro_batch,
     )  # fmt: skip
     es_logs = es_train(trainable_params(model), fitness, es_config, on_step=on_step)
@@ -397,13 +392,19 @@ def grpo_then_es(
 
 
 def es_from_config(
-    cfg: Any, out_dir: str | Path, *, on_step: Callable[[EsStepLog], None] | None = None, overwrite: bool = False
+    run: RunPlan | RunConfig,
+    out_dir: str | Path,
+    *,
+    on_step: Callable[[EsStepLog], None] | None = None,
+    overwrite: bool = False,
 ) -> tuple[list[dict[str, Any]], list[EsStepLog]]:
     """``posttrain es``: the config's ``es`` section (`EsConfig`) run by `grpo_then_es`.
 
     Each ES step is appended to ``out_dir/es_metrics.jsonl`` (``step`` from 1, population
     ``reward_mean`` and ``reward_std``, ``noop``); RL steps (``es.after_rl``) go to ``metrics.jsonl`` as usual.
     """
+    plan = as_plan(run)
+    cfg = plan.config
     e = cfg.es
     es_config = EsTrainConfig(
         population=e.population, sigma=e.sigma, lr=e.lr, steps=e.steps, seed=cfg.seed, antithetic=e.antithetic,
@@ -419,6 +420,6 @@ def es_from_config(
             on_step(entry)
 
     return grpo_then_es(
-        cfg, out_dir, es_config, prompts_per_step=e.prompts_per_step or cfg.data.prompts_per_step,
+        plan, out_dir, es_config, prompts_per_step=e.prompts_per_step or cfg.data.prompts_per_step,
         rl_first=e.after_rl, micro_batch=e.micro_batch, on_step=log, overwrite=overwrite,
     )  # fmt: skip

@@ -24,13 +24,11 @@ import numpy as np
 import torch
 
 from posttrain.errors import DomainError
-from posttrain.llm.config import RunConfig
+from posttrain.llm.config import RunConfig, RunPlan
 from posttrain.llm.methods.pairs import label_pairs, pool_forward, read_pairs, write_pairs
 from posttrain.llm.policy import prepare_policy
-from posttrain.llm.rollout.reward_fn import with_reward_function
-from posttrain.llm.rollout.tasks import make_task
 from posttrain.llm.rollout.text import encode_prompts, score_responses
-from posttrain.llm.run import ENGINE_FACTORIES, build_initial, load_model
+from posttrain.llm.run import ENGINE_FACTORIES, as_plan, build_initial, load_model, training_task
 from posttrain.llm.train.dpo import train_dpo
 from posttrain.llm.train.rundir import atomic_write_text, check_run_dir, claim_run_dir
 from posttrain.llm.train.sinks import metric_sinks
@@ -40,16 +38,18 @@ from posttrain.theory.dpo_pair_selection import select_pairs
 __all__ = ["design_from_config", "dpo_from_config", "sample_pool"]
 
 
-def sample_pool(cfg: RunConfig, model: Any, tokenizer: Any, task: Any, model_dir: Path) -> dict[str, Any]:
+def sample_pool(plan: RunPlan, model: Any, tokenizer: Any, task: Any, model_dir: Path) -> dict[str, Any]:
     """``pairs.prompts`` x ``pairs.completions`` samples of ``model`` (the ``rollout`` section's engine and sampling),
     scored by ``task``, with their features ``[G, K, D]`` and sequence log-probs ``[G, K]`` (float64 numpy)."""
+    cfg = plan.config
     p = cfg.pairs
     g, k = p.prompts, p.completions
     problems = task.sample(random.Random(cfg.seed), g)
     prompts = encode_prompts(tokenizer, [x.prompt for x in problems], chat_template=cfg.model.chat_template,
                              system=cfg.model.system_prompt)  # fmt: skip
     t0 = time.perf_counter()
-    r = ENGINE_FACTORIES[cfg.rollout.engine](cfg, model, tokenizer, model_dir).generate(prompts, n=k, seed=cfg.seed)
+    engine = ENGINE_FACTORIES[cfg.rollout.engine](cfg, plan.sampling, model, tokenizer, model_dir)
+    r = engine.generate(prompts, n=k, seed=cfg.seed)
     rewards, texts = score_responses(tokenizer, task, problems, r.response_ids, r.mask, k)
     t1 = time.perf_counter()
     model.eval()
@@ -67,15 +67,17 @@ def sample_pool(cfg: RunConfig, model: Any, tokenizer: Any, task: Any, model_dir
     }  # fmt: skip
 
 
-def design_from_config(cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+def design_from_config(run: RunPlan | RunConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """``posttrain pairs design``: pi_0 (SFT warm-up included), its pool, the design, the pairs file; returns the log."""
+    plan = as_plan(run)
+    cfg = plan.config
     p, out = cfg.pairs, Path(out_dir)
     check_run_dir(out, cfg, resume=False, overwrite=overwrite)
+    task = training_task(plan)
     claim_run_dir(out, cfg, {}, overwrite=overwrite)
-    task = with_reward_function(make_task(cfg.data.task, **cfg.data.options), cfg.data.reward)
     initial = build_initial(cfg, out, task)
     model, tokenizer = load_model(initial, cfg)
-    pool = sample_pool(cfg, model, tokenizer, task, initial)
+    pool = sample_pool(plan, model, tokenizer, task, initial)
     dim = pool["phi"].shape[-1]
     if p.pca_dim is not None and p.pca_dim > dim:
         raise DomainError(f"pairs.pca_dim: expected <= the feature dimension {dim} (hidden size), got {p.pca_dim}")
@@ -122,9 +124,11 @@ def _pairs_file(where: str, value: str | None) -> Path:
 
 
 def dpo_from_config(
-    cfg: RunConfig, out_dir: str | Path, *, overwrite: bool = False, on_step: Any = None
+    run: RunPlan | RunConfig, out_dir: str | Path, *, overwrite: bool = False, on_step: Any = None
 ) -> list[dict[str, Any]]:
     """``posttrain dpo``: the policy and frozen reference, ``dpo.pairs``, `train_dpo`; returns the metric rows."""
+    plan = as_plan(run)
+    cfg = plan.config
     d, out = cfg.dpo, Path(out_dir)
     path = _pairs_file("dpo.pairs", d.pairs)
     pairs = read_pairs(path, where="dpo.pairs")
@@ -133,20 +137,19 @@ def dpo_from_config(
     if not cfg.model.path and not (model_dir / "config.json").is_file():
         raise DomainError(f"model.path: null and {model_dir} holds no model; set model.path to the DPO initial model")
     check_run_dir(out, cfg, resume=False, overwrite=overwrite)
+    task = training_task(plan) if cfg.logging.eval_every else None
     claim_run_dir(out, cfg, {}, overwrite=overwrite)
     model, tokenizer = load_model(model_dir, cfg)
     m = cfg.model
     model = prepare_policy(model, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing, base_path=model_dir)
     reference = load_model(m.reference or model_dir, cfg)[0]
     evaluate = None
-    if cfg.logging.eval_every:
+    if task is not None:
         from posttrain.llm.train.evaluate import evaluate as held_out
-
-        task = with_reward_function(make_task(cfg.data.task, **cfg.data.options), cfg.data.reward)
 
         def evaluate(policy: Any) -> dict[str, float]:
             return held_out(policy, tokenizer, task, n_prompts=cfg.data.eval_prompts, n_samples=cfg.logging.eval_samples,
-                            seed=cfg.seed, sampling=cfg.rollout.sampling(), chat_template=m.chat_template,
+                            seed=cfg.seed, sampling=plan.sampling, chat_template=m.chat_template,
                             system=m.system_prompt)  # fmt: skip
 
     with metric_sinks(cfg, out) as to_sinks:

@@ -12,12 +12,14 @@ def small_config(
     algorithm: dict[str, Any] | None = None,
     rollout: dict[str, Any] | None = None,
     checkpoint: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
     **optim: Any,
 ) -> Any:
-    """4 prompts x 4 samples, 3 new tokens, 2 SFT steps; ``rollout`` entries (e.g. ``replay``) are added;
-    ``checkpoint`` replaces ``every=0`` (no checkpoints); ``optim`` entries override ``steps=2, lr=1e-3``."""
+    """4 prompts x 4 samples, 3 new tokens, 2 SFT steps; ``rollout`` and ``model`` entries (e.g. ``replay``,
+    ``teacher``) are added; ``checkpoint`` replaces ``every=0`` (no checkpoints); ``optim`` entries override
+    ``steps=2, lr=1e-3``."""
     return config_from_dict({
-        "model": {"tiny": {"num_hidden_layers": 1}},
+        "model": {"tiny": {"num_hidden_layers": 1}, **(model or {})},
         "data": {"task": "addition", "options": {"digits": 1}, "prompts_per_step": 4, "sft_steps": 2,
                  "sft_batch_size": 8, "eval_prompts": 4},
         "rollout": {"group_size": 4, "max_new_tokens": 3, **(rollout or {})},
@@ -78,7 +80,7 @@ def sis_test_by_hand(trainer: Any, rollout: Any, behaviour: list[Any], update: i
     """
     import torch
 
-    from posttrain.estimators.sis import sis_accept, sis_acceptance_prob
+    from posttrain.estimators import sis_accept, sis_acceptance_prob
     from posttrain.llm.methods.algorithm import update_seed
     from posttrain.llm.methods.sis import response_log_probs
 

@@ -24,11 +24,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
     ("raw", "match"),
     [
         ({"data": {"task": "multiple", "options": {"hihg": 9}}}, r"data\.options: unknown option\(s\) hihg.*high"),
-        ({"data": {"task": "addition", "options": {"digits": "two"}}}, r"data\.options\.digits: expected int"),
+        ({"data": {"task": "addition", "options": {"digits": "two"}}}, r"data\.options\.digits: expected an integer"),
         ({"algorithm": {"loss_options": {"clip_lo": 0.2}}}, r"algorithm\.loss_options: unknown option\(s\) clip_lo.*clip_low"),
         ({"algorithm": {"advantage_options": {"epz": 1.0}}}, r"algorithm\.advantage_options: unknown option\(s\) epz"),
         ({"optim": {"options": {"betaz": [0.9, 0.9]}}}, r"optim\.options: unknown option\(s\) betaz.*weight_decay"),
-        ({"model": {"tiny": {"hidden": 8}}}, r"model\.tiny: unknown option\(s\) hidden.*hidden_size"),
+        ({"model": {"tiny": {"hidden": 8}}}, r"model\.tiny: unknown key\(s\) hidden.*hidden_size"),
         ({"logging": {"eval_metric": "pass@l"}}, r"logging\.eval_metric: unknown name 'pass@l'.*greedy_accuracy"),
         ({"optim": {"lr": float("nan")}}, r"optim\.lr: expected a finite number"),
         ({"optim": {"lr": float("inf")}}, r"optim\.lr: expected a finite number"),

@@ -6,6 +6,13 @@ place (under ``torch.no_grad``) with the noise regenerated in `NOISE_CHUNK`-elem
 chunks (`noise_chunks`) through one or two reused buffers, so the extra
 memory is independent of the parameters' sizes, and a module's members are evaluated in one
 ``vmap`` of ``functional_call`` (`population_forward`).
+
+Every function takes the step's optional `NoiseCache`: what it keeps is drawn once per
+member and step and reused by `perturb_`, `restore_` and `apply_es_step_` (the same values, so the
+same weights, bit for bit); what it does not keep is regenerated from the seed. `step_noise_cache`
+spends a byte budget on the smallest tensors of every member (norms, biases: a generator seeding
+each, few elements), where drawing once saves the most per byte; the large matrices, whose
+population noise could not be stored on an LLM, are regenerated chunk by chunk.
 """
 
 from __future__ import annotations
@@ -16,47 +23,86 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from posttrain.errors import ShapeError
+from posttrain.errors import DomainError, ShapeError
+from posttrain.estimators import EsPopulation, noise_chunks, shape_rewards
 from posttrain.estimators.es import (
     NOISE_CHUNK,
     NOISE_TAIL,
-    EsPopulation,
+    NoiseCache,
     Params,
     check_params,
     check_population,
     chunk_spans,
     member_coefficients,
-    noise_chunks,
     noise_dtype,
-    shape_rewards,
 )
 from posttrain.validate import check_positive
 
-__all__ = ["apply_es_step_", "perturb_", "population_forward", "restore_", "roundtrip_"]
+__all__ = ["apply_es_step_", "perturb_", "population_forward", "restore_", "roundtrip_", "step_noise_cache"]
 
 
-def perturb_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
+def step_noise_cache(params: Params, population: int, *, max_bytes: float) -> NoiseCache:
+    """A step's `NoiseCache` keeping the noise of the smallest tensors of all ``population`` members, ``max_bytes`` in all.
+
+    Tensors are taken by increasing size while ``population`` copies of their noise (float32, float64
+    for float64 parameters) fit in ``max_bytes``; larger ones are regenerated. ``max_bytes=0``: pure
+    regeneration (nothing kept).
+
+    Examples:
+        >>> params = {"w": torch.zeros(64, 64), "norm": torch.zeros(64)}
+        >>> cache = step_noise_cache(params, 8, max_bytes=4096)  # 8 x 64 float32 = 2 KiB: the norm only
+        >>> cache.max_numel, cache.max_bytes
+        (64, 2048)
+    """
+    check_params(params)
+    if population < 1:
+        raise DomainError(f"population: expected a positive number of members, got {population}")
+    if not max_bytes >= 0:
+        raise DomainError(f"max_bytes: expected a non-negative number of bytes, got {max_bytes}")
+    by_size: dict[int, int] = {}  # tensor size -> bytes of the population's noise of all tensors of that size
+    for p in params.values():
+        by_size[p.numel()] = by_size.get(p.numel(), 0) + population * p.numel() * noise_dtype(p.dtype).itemsize
+    kept, max_numel = 0, 0
+    for numel in sorted(by_size):  # whole size classes, so that what is planned is what gets kept
+        if kept + by_size[numel] > max_bytes:
+            break
+        kept, max_numel = kept + by_size[numel], numel
+    return NoiseCache(kept, max_numel=max_numel)
+
+
+def perturb_(
+    params: Params,
+    seed: int,
+    *,
+    sigma: float,
+    sign: float = 1.0,
+    mix_names: bool = True,
+    cache: NoiseCache | None = None,
+) -> None:
     r"""In place, per tensor: $\theta^{(n)} \leftarrow \theta^{(n)} + \mathrm{sign}\,\sigma\varepsilon^{(n)}_{k}$.
 
     The noise comes in `NOISE_CHUNK`-element chunks (`noise_chunks`) through one reused
     buffer, so the peak extra memory is one chunk (plus its cast for low-precision parameters),
-    independent of the parameters' sizes. Tied parameters must appear once in ``params``
+    independent of the parameters' sizes; tensors the step's ``cache`` keeps are drawn once and
+    reused by `restore_` and `apply_es_step_`. Tied parameters must appear once in ``params``
     (``named_parameters()`` deduplicates). Runs under ``torch.no_grad()``.
     """
-    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=False)
+    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=False, cache=cache)
 
 
-def _add_noise_(params: Params, seed: int, *, sigma: float, sign: float, mix_names: bool, roundtrip: bool) -> None:
+def _add_noise_(
+    params: Params, seed: int, *, sigma: float, sign: float, mix_names: bool, roundtrip: bool, cache: NoiseCache | None
+) -> None:
     """``p += d`` (or, with ``roundtrip``, ``p = (p + d) - d``) per chunk, ``d = sign * sigma * noise`` cast to ``p``."""
     check_params(params)
     sigma = check_positive("sigma", sigma, strict=False)
     buffer = _chunk_buffer(params)
     with torch.no_grad():
         for name, p in params.items():
-            flat = _flat_view(p)
+            flat, buf = _flat_view(p), buffer(p)
             for start, stop, eps in noise_chunks(seed, name, p.numel(), dtype=p.dtype, device=p.device,
-                                                 mix_names=mix_names, out=buffer(p)):  # fmt: skip
-                d = eps.mul_(sign * sigma).to(p.dtype)
+                                                 mix_names=mix_names, out=buf, cache=cache):  # fmt: skip
+                d = torch.mul(eps, sign * sigma, out=buf[: stop - start]).to(p.dtype)  # kept noise stays intact
                 part = flat[start:stop].add_(d)
                 if roundtrip:
                     part.sub_(d)
@@ -83,12 +129,28 @@ def _write_back(p: Tensor, flat: Tensor) -> None:
         p.copy_(flat.view(p.shape))
 
 
-def restore_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
-    """Undo `perturb_` by subtracting the same regenerated noise (exact only in exact arithmetic)."""
-    perturb_(params, seed, sigma=sigma, sign=-sign, mix_names=mix_names)
+def restore_(
+    params: Params,
+    seed: int,
+    *,
+    sigma: float,
+    sign: float = 1.0,
+    mix_names: bool = True,
+    cache: NoiseCache | None = None,
+) -> None:
+    """Undo `perturb_` by subtracting the same noise, kept in ``cache`` or regenerated (exact only in exact arithmetic)."""
+    perturb_(params, seed, sigma=sigma, sign=-sign, mix_names=mix_names, cache=cache)
 
 
-def roundtrip_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mix_names: bool = True) -> None:
+def roundtrip_(
+    params: Params,
+    seed: int,
+    *,
+    sigma: float,
+    sign: float = 1.0,
+    mix_names: bool = True,
+    cache: NoiseCache | None = None,
+) -> None:
     r"""`perturb_` then `restore_` with nothing in between, drawing the noise once.
 
     Bit-identical to the pair ($\theta \leftarrow (\theta + d) - d$ with the same rounded
@@ -101,7 +163,7 @@ def roundtrip_(params: Params, seed: int, *, sigma: float, sign: float = 1.0, mi
         >>> bool(torch.equal(a["w"], b["w"]))
         True
     """
-    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=True)
+    _add_noise_(params, seed, sigma=sigma, sign=sign, mix_names=mix_names, roundtrip=True, cache=cache)
 
 
 def apply_es_step_(
@@ -112,12 +174,14 @@ def apply_es_step_(
     lr: float,
     shaping: str = "zscore",
     mix_names: bool = True,
+    cache: NoiseCache | None = None,
 ) -> None:
     """In place: add `es_step`'s increments to ``params`` (fp32 accumulate, cast once), chunk by chunk.
 
     For each tensor the ``P`` members' generators advance together over the tensor's noise chunks
     (`noise_chunks`), so the extra memory is two chunk buffers (accumulator and noise) and
-    ``P`` generator states, independent of the parameters' sizes. Every element sees the same
+    ``P`` generator states, independent of the parameters' sizes; noise the step's ``cache``
+    kept during the members' evaluation is read from it instead. Every element sees the same
     float operations in the same order as `es_step`, so the result equals
     ``params + es_step(...)`` exactly.
     """
@@ -134,9 +198,10 @@ def apply_es_step_(
         for name, p in params.items():
             flat, acc, noise = _flat_view(p), accumulator(p), buffer(p)
             streams = [
-                (noise_chunks(s, name, p.numel(), dtype=p.dtype, device=p.device, mix_names=mix_names, out=noise), c)
+                (noise_chunks(s, name, p.numel(), dtype=p.dtype, device=p.device, mix_names=mix_names, out=noise,
+                              cache=cache), c)
                 for s, c in members
-            ]
+            ]  # fmt: skip
             for start, stop in chunk_spans(p.numel(), NOISE_CHUNK):
                 total = acc[: stop - start].zero_()
                 for stream, c in streams:

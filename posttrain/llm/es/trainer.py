@@ -13,6 +13,9 @@ Memory stays near one copy of the weights: no gradients, no optimiser state; the
 and the update accumulated in fixed-size chunks (`NOISE_CHUNK`
 elements), so ES's own temporaries do not grow with the largest parameter tensor. The rest of a
 step's peak is the fitness evaluation's activations (``micro_batch`` in `generation_fitness`).
+A per-step `NoiseCache` (``noise_cache``: a fraction of the weights' bytes, spent on the smallest
+tensors of every member, `step_noise_cache`) lets perturb, restore and update share one draw of those
+tensors; the others are regenerated from their seeds. The weights do not depend on it.
 
 Distributed: members are dealt round-robin over the processes of a ``torch.distributed`` group;
 only seeds (derived identically on every rank from the shared key) and the ``P`` scalar rewards
@@ -42,8 +45,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from posttrain.errors import DomainError
-from posttrain.estimators.es import evolution_strategy
-from posttrain.llm.es.params import apply_es_step_, perturb_, restore_, roundtrip_
+from posttrain.estimators import evolution_strategy
+from posttrain.llm.es.params import apply_es_step_, perturb_, restore_, roundtrip_, step_noise_cache
 from posttrain.llm.rollout.engine import HFEngine, SamplingConfig
 from posttrain.llm.rollout.tasks import Problem, Task
 from posttrain.llm.rollout.text import decode_responses, encode_prompts
@@ -59,7 +62,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class EsTrainConfig:
-    """ES hyperparameters (defaults: the ES-at-Scale Countdown recipe, N = 30 rounded to an even 32)."""
+    """ES hyperparameters (defaults: the ES-at-Scale Countdown recipe, N = 30 rounded to an even 32).
+
+    ``noise_cache``: bytes of noise kept per step for reuse, as a fraction of the trainable weights'
+    bytes (0: every use regenerates it; the results are the same either way).
+    """
 
     population: int = 32
     sigma: float = 1e-3
@@ -69,6 +76,7 @@ class EsTrainConfig:
     antithetic: bool = False
     shaping: str = "zscore"
     lockstep: bool = True
+    noise_cache: float = 0.05
 
 
 class EsStepLog(NamedTuple):
@@ -109,6 +117,11 @@ def es_train(
     """
     if config.steps < 0:
         raise DomainError(f"steps: expected >= 0, got {config.steps}")
+    if not config.noise_cache >= 0:
+        raise DomainError(
+            f"noise_cache: expected a non-negative fraction of the weights' bytes, got {config.noise_cache}"
+        )
+    cache_bytes = config.noise_cache * sum(p.numel() * p.element_size() for p in params.values())
     es = evolution_strategy(
         population=config.population, sigma=config.sigma, lr=config.lr, antithetic=config.antithetic,
         shaping=config.shaping,
@@ -118,20 +131,21 @@ def es_train(
     logs = []
     for step in range(config.steps):
         pop = es.ask(state)
+        cache = step_noise_cache(params, config.population, max_bytes=cache_bytes)
         rewards = torch.zeros(config.population, dtype=torch.float64)
         for i, (seed, sign) in enumerate(zip(pop.seeds.tolist(), pop.signs.tolist(), strict=True)):
             if i % world == rank:
-                perturb_(params, seed, sigma=config.sigma, sign=sign)
+                perturb_(params, seed, sigma=config.sigma, sign=sign, cache=cache)
                 rewards[i] = float(fitness(step))
-                restore_(params, seed, sigma=config.sigma, sign=sign)
+                restore_(params, seed, sigma=config.sigma, sign=sign, cache=cache)
             elif config.lockstep:  # replay another rank's member: the same rounding, one noise draw
-                roundtrip_(params, seed, sigma=config.sigma, sign=sign)
+                roundtrip_(params, seed, sigma=config.sigma, sign=sign, cache=cache)
         if world > 1:
             dist.all_reduce(rewards, op=dist.ReduceOp.SUM, group=group)
         bad = ~torch.isfinite(rewards)
         if bool(bad.any()):  # a fitness that could not be computed: the mean of the others (zero weight in the update)
             rewards[bad] = rewards[~bad].mean() if bool((~bad).any()) else 0.0
-        apply_es_step_(params, pop, rewards, lr=config.lr, shaping=config.shaping)
+        apply_es_step_(params, pop, rewards, lr=config.lr, shaping=config.shaping, cache=cache)
         state = state._replace(step=state.step + 1)
         log = EsStepLog(
             step, float(rewards.mean()), float(rewards.std(correction=0)), bool((rewards == rewards[0]).all()),

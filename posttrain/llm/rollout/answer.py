@@ -41,12 +41,13 @@ from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.stages import StatelessStage, StepContext
 from posttrain.llm.rollout.text import right_pad
+from posttrain.llm.typed import Checked
 
 __all__ = ["AnswerSuffixConfig", "AnswerSuffixStage", "append_suffixes", "trace_lengths"]
 
 
 @dataclass(frozen=True)
-class AnswerSuffixConfig:
+class AnswerSuffixConfig(Checked):
     """``rollout.answer_suffix``: append ``delimiter + gold answer + <eos>`` after every sampled trace."""
 
     delimiter: str = ""
@@ -147,7 +148,7 @@ class AnswerSuffixStage(StatelessStage):
         ids, mask, answer = append_suffixes(batch.response_ids, lengths, suffixes, pad_id=ctx.pad_id)
         with torch.no_grad():
             scored, _ = token_logprobs(
-                ctx.policy, batch.prompt_ids, batch.prompt_mask, ids, mask, temperature=ctx.temperature
+                ctx.policy, batch.prompt_ids, batch.prompt_mask, ids, mask, temperature=ctx.temperature, group_size=k
             )
         width = min(ids.shape[1], batch.logp_old.shape[1])
         engine = torch.zeros(ids.shape, dtype=batch.logp_old.dtype, device=ids.device)

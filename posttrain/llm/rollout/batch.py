@@ -9,8 +9,8 @@ are ``rewards.reshape(G, K)``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -85,6 +85,8 @@ class RolloutBatch:
         synthetic: ``[B]`` boolean, True for rows not sampled from the policy (e.g. a task's reference
             solution appended to its group: `posttrain.llm.rollout.oracle`), or None (all sampled). They
             are trained on like any row but left out of the logged reward statistics.
+        extras: tensors of batch inputs with no field of their own (a need added to
+            `posttrain.llm.methods.needs.NEEDS`), by name; each has ``B`` rows.
 
     Raises:
         ShapeError: wrong ranks, dtypes or shapes; ``B`` not a multiple of ``group_size``.
@@ -126,6 +128,7 @@ class RolloutBatch:
     synthetic: Bool[Tensor, " B"] | None = None
     context_ids: Int[Tensor, "B Q"] | None = None
     context_mask: Bool[Tensor, "B Q"] | None = None
+    extras: Mapping[str, Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         prompt = _check_ids("prompt_ids", self.prompt_ids)
@@ -172,6 +175,12 @@ class RolloutBatch:
         if self.synthetic is not None:
             check_mask("synthetic", self.synthetic, (b,))
         self._check_context(b)
+        for name, value in self.extras.items():
+            t = check_tensor(f"extras.{name}", value)
+            if t.ndim < 1 or t.shape[0] != b:
+                raise ShapeError(f"extras.{name}: expected {b} rows, got shape {list(t.shape)}")
+            if t.is_floating_point():
+                check_finite(f"extras.{name}", t)
 
     def _check_context(self, b: int) -> None:
         """``context_ids``/``context_mask``: both or neither, ``[B, Q]``, a context token in every row."""
@@ -310,4 +319,4 @@ class RolloutBatch:
         for f in dataclasses.fields(self):
             if isinstance(value := getattr(self, f.name), Tensor):
                 tensors[f.name] = fn(value)
-        return dataclasses.replace(self, **tensors)
+        return dataclasses.replace(self, **tensors, extras={k: fn(v) for k, v in self.extras.items()})

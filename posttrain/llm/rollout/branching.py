@@ -28,21 +28,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
-from posttrain.estimators.rail import (
-    ControllerState,
-    controller_init,
-    controller_predict,
-    controller_update,
-    recoverability_gain,
-)
+from posttrain.estimators import controller_init, controller_predict, controller_update, recoverability_gain
+from posttrain.estimators.selection import ControllerState
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.stages import StepContext
 from posttrain.llm.rollout.text import right_pad
+from posttrain.llm.typed import Checked, Range
 
 __all__ = ["BranchingConfig", "BranchingStage"]
 
@@ -50,7 +46,7 @@ NUM_FEATURES = 7
 
 
 @dataclass(frozen=True)
-class BranchingConfig:
+class BranchingConfig(Checked):
     """``rollout.branching``: RAIL branch continuations from a chosen prefix (docs: methods/rail.md; `posttrain.llm.rollout.branching`).
 
     ``branches``: b continuations per prompt (``1 <= b < group_size``); ``shadow_steps``: steps with
@@ -59,15 +55,15 @@ class BranchingConfig:
     ``delta``, ``ridge``: the controller's trace window, recency, Huber delta and ridge.
     """
 
-    branches: int = 4
-    shadow_steps: int = 5
+    branches: Annotated[int, Range(1, 1 << 12)] = 4
+    shadow_steps: Annotated[int, Range(0, 10**8)] = 5
     kappa: float = 0.0
-    explore: float = 0.1
+    explore: Annotated[float, Range(0.0, 1.0)] = 0.1
     heuristic: bool = False
-    window: int = 2000
-    gamma: float = 0.99
-    delta: float = 0.05
-    ridge: float = 1e-4
+    window: Annotated[int, Range(1, 10**7)] = 2000
+    gamma: Annotated[float, Range(0.0, None, low_open=True)] = 0.99
+    delta: Annotated[float, Range(0.0, None, low_open=True)] = 0.05
+    ridge: Annotated[float, Range(0.0)] = 1e-4
 
 
 class BranchingStage:

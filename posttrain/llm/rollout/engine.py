@@ -14,7 +14,6 @@ the kept tokens), so keep ``top_p = 1, top_k = 0`` when the importance ratio mus
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -27,6 +26,7 @@ from torch import Tensor
 from posttrain.errors import DomainError
 from posttrain.estimators import zero_off_mask
 from posttrain.llm.rollout.logprobs import position_ids, widened
+from posttrain.llm.rollout.shared_cache import cache_keyword
 from posttrain.validate import check_positive
 
 __all__ = [
@@ -140,20 +140,16 @@ def _truncated(z: Float[Tensor, "B V"], *, top_k: int, top_p: float) -> Float[Te
     return z
 
 
-_CACHE_KEYWORDS: dict[type, str] = {}
-
-
 def _cache_keyword(model: Any) -> str:
-    """The keyword passing a KV cache to ``model``'s forward, inspected once per model class.
+    """The keyword passing a KV cache to ``model``'s forward (`cache_keyword`; ``past_key_values`` if it names none)."""
+    return cache_keyword(model) or "past_key_values"
 
-    ``cache`` where the forward names it (transformers 5.2x, which deprecates ``past_key_values``),
-    else ``past_key_values`` (earlier releases have no ``cache`` argument).
-    """
-    kind = type(model)
-    if kind not in _CACHE_KEYWORDS:
-        params = inspect.signature(model.forward).parameters
-        _CACHE_KEYWORDS[kind] = "cache" if "cache" in params else "past_key_values"
-    return _CACHE_KEYWORDS[kind]
+
+def _full_attention(cache: Any) -> bool:
+    """Whether every layer of a ``DynamicCache`` built from a config is a plain full-attention ``DynamicLayer``."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 class HFEngine:
@@ -166,7 +162,9 @@ class HFEngine:
     per step (``generate``'s ``output_logits``: ``B x T x V`` floats at the end), skips
     ``generate``'s per-call configuration and per-step processor machinery, and ignores the
     model's ``generation_config`` (a checkpoint's default repetition penalty or top-p would change
-    the sampling distribution behind the trainer's back). ``greedy`` takes the argmax. Log-probs and
+    the sampling distribution behind the trainer's back). Each prompt is prefilled once and its KV cache
+    and last logits repeated to its ``n`` samples (``generate`` prefills every row). ``greedy`` takes the
+    argmax. Log-probs and
     sampling use the model's precision, at least float32 (``generate`` rounds float64 logits to
     float32), so a float64 model's behaviour log-probs match `token_logprobs` to float64 precision.
 
@@ -222,28 +220,32 @@ class HFEngine:
         self.model = model
 
     def generate(self, prompts: Sequence[Sequence[int]], *, n: int, seed: int, greedy: bool = False) -> Rollouts:
+        check_positive("n", n)
         ids, pmask = left_pad(prompts, self.pad_id)
         device = next(self.model.parameters()).device
-        ids, pmask = ids.repeat_interleave(n, dim=0).to(device), pmask.repeat_interleave(n, dim=0).to(device)
+        ids, pmask = ids.to(device), pmask.to(device)
         generator = torch.Generator(device=device).manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad() if self.synced_gpus else torch.inference_mode():
-                response, logp = self._sample(ids, pmask, generator, greedy=greedy)
+                response, logp = self._sample(ids, pmask, n, generator, greedy=greedy)
         finally:
             self.model.train(was_training)
         response, logp = response.clone(), logp.clone()  # ordinary tensors (autograd may save them)
         mask = response_mask(response, self.eos_id)
         logp = zero_off_mask(logp, mask)
+        ids, pmask = ids.repeat_interleave(n, dim=0), pmask.repeat_interleave(n, dim=0)
         return Rollouts(ids, pmask, response, mask, logp, group_size=n)
 
     def _sample(
-        self, ids: Int[Tensor, "B P"], pmask: Bool[Tensor, "B P"], generator: torch.Generator, *, greedy: bool
+        self, ids: Int[Tensor, "G P"], pmask: Bool[Tensor, "G P"], n: int, generator: torch.Generator, *, greedy: bool
     ) -> tuple[Int[Tensor, "B T"], Float[Tensor, "B T"]]:
-        """Token ids and log-probs $\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}$ of up to ``max_new_tokens`` steps.
+        """Token ids and log-probs $\\log\\mathrm{softmax}(z_t/\\tau)_{y_t}$ of up to ``max_new_tokens`` steps, ``n``
+        samples of each of the G prompts (rows ``g*n .. g*n+n-1``).
 
-        The attention mask and the positions of every step are allocated once (each step passes a
+        Each prompt is prefilled once and its KV cache and last logits repeated to its ``n`` samples
+        (`_prefill`). The attention mask and the positions of every step are allocated once (each step passes a
         view); the stop test (a host sync) runs every `stop_check_every` tokens, the steps taken
         past the end are cut off at the end (one sync). At a stop test, once fewer than
         `COMPACT_BELOW` of the rows in the model's batch still run, the finished rows leave it
@@ -251,24 +253,14 @@ class HFEngine:
         sampler consumes the same random numbers as ``generate`` (``multinomial`` draws one
         exponential per entry of ``[B, V]``) and the tokens are unchanged.
         """
-        s, rows, width = self.sampling, ids.shape[0], ids.shape[1]
+        s, rows, width = self.sampling, ids.shape[0] * n, ids.shape[1]
         tau = 1.0 if greedy else s.temperature
         attn = torch.ones(rows, width + s.max_new_tokens, dtype=torch.long, device=ids.device)
-        attn[:, :width] = pmask
+        attn[:, :width] = pmask.repeat_interleave(n, dim=0)
         positions = position_ids(attn[:, :width])
         future = positions[:, -1:] + torch.arange(1, s.max_new_tokens + 1, device=ids.device)  # [B, T] positions
-        cache, keyword = self._new_cache(width + s.max_new_tokens), _cache_keyword(self.model)
-        static = self.compile_decode
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attn[:, :width],
-            position_ids=positions,
-            **{keyword: cache},
-            use_cache=True,
-            logits_to_keep=1,
-            **({"cache_position": torch.arange(width, device=ids.device)} if static else {}),
-        )
-        logits = out.logits[:, -1]  # [B, V]: the rows outside the model's batch keep their last logits
+        keyword, static = _cache_keyword(self.model), self.compile_decode
+        cache, logits = self._prefill(ids, attn[::n, :width], positions[::n], n, keyword)
         batch: Tensor | None = None  # the rows in the model's batch (None: all, in order)
         running = torch.ones(rows, dtype=torch.bool, device=ids.device)
         tokens = torch.full((rows, s.max_new_tokens), self.pad_id, dtype=torch.long, device=ids.device)
@@ -318,13 +310,42 @@ class HFEngine:
         keep = min(taken, int(alive[:taken].sum()) + 1)
         return tokens[:, :keep], logps[:, :keep]
 
-    def _new_cache(self, length: int) -> Any:
-        """A ``DynamicCache``, or with `compile_decode` a ``StaticCache`` of ``length`` positions."""
+    def _prefill(
+        self, ids: Int[Tensor, "G P"], attn: Int[Tensor, "G P"], positions: Int[Tensor, "G P"], n: int, keyword: str
+    ) -> tuple[Any, Float[Tensor, "B V"]]:
+        """The KV cache and last logits of the B = G*n rows after one forward over the G prompts.
+
+        The prompts' ``DynamicCache`` is repeated to their ``n`` samples (``batch_repeat_interleave``);
+        with `compile_decode` its states are written into a ``StaticCache`` of ``P + max_new_tokens``
+        positions (the states a prefill of the B rows writes), or, for a model whose cache has other
+        than full-attention layers, the B rows are prefilled into it directly.
+        """
         from transformers import DynamicCache, StaticCache
 
-        if self.compile_decode:
-            return StaticCache(config=self.model.config, max_cache_len=length)
-        return DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)
+        length = ids.shape[1] + self.sampling.max_new_tokens
+        if self.compile_decode and not _full_attention(cache):
+            static = StaticCache(config=self.model.config, max_cache_len=length)
+            rows = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(n)
+            out = self.model(
+                input_ids=ids[rows], attention_mask=attn[rows], position_ids=positions[rows], **{keyword: static},
+                use_cache=True, logits_to_keep=1, cache_position=torch.arange(ids.shape[1], device=ids.device),
+            )  # fmt: skip
+            return static, out.logits[:, -1]
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=positions, **{keyword: cache}, use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
+        logits = out.logits[:, -1].repeat_interleave(n, dim=0)  # [B, V]
+        if not self.compile_decode:
+            cache.batch_repeat_interleave(n)
+            return cache, logits
+        static = StaticCache(config=self.model.config, max_cache_len=length)
+        for i, layer in enumerate(cache.layers):  # full-attention layers (`_full_attention`)
+            keys, values = layer.keys, layer.values  # type: ignore[union-attr]
+            assert keys is not None and values is not None  # the prefill filled every layer
+            static.update(keys.repeat_interleave(n, dim=0), values.repeat_interleave(n, dim=0), i)
+        return static, logits
 
     def _decode_forward(self) -> Any:
         """The model's forward through ``torch.compile``, compiled once per model object."""

@@ -1,9 +1,14 @@
-r"""Log-probs of response tokens under a model: one forward over prompt + response, temperature-scaled.
+r"""Log-probs of response tokens under a model, temperature-scaled.
 
 Every log-prob the trainer, the rollout stages and the method fillers recompute goes through here, so
 they share one convention: the log-softmax of the temperature-scaled logits over the full
 vocabulary, $\log\mathrm{softmax}(z_t/\tau)$, computed in float32 or wider
 (`widened`), with position ids that skip left padding (`position_ids`).
+
+With ``group_size`` K (the K samples of a prompt in consecutive rows) each prompt is computed once and
+the LM head runs only where a response token is predicted
+(`posttrain.llm.rollout.shared_prefix.shared_prompt_forward`); without it, or where sharing cannot
+serve (the reason is logged), one forward runs over prompt + response.
 
 The sampled-token log-prob and the entropy (`sampled_logprobs`) never build the
 ``[B, T, V]`` float32 log-softmax: blocks of at most ``chunk`` positions are widened, and each
@@ -26,6 +31,17 @@ from torch import Tensor
 from posttrain.errors import DomainError, ShapeError
 from posttrain.estimators import zero_off_mask
 from posttrain.llm.rollout.batch import RolloutBatch
+from posttrain.llm.rollout.shared_cache import position_ids
+from posttrain.llm.rollout.shared_prefix import (
+    RowFacts,
+    SharedLogits,
+    log_fallback,
+    note_groups,
+    row_facts,
+    shared_prompt_forward,
+    why_not_shared,
+    worth_sharing,
+)
 
 __all__ = [
     "CHUNK_POSITIONS",
@@ -39,11 +55,6 @@ __all__ = [
 
 CHUNK_POSITIONS = 256
 """Positions widened at once by `sampled_logprobs` (``256 x 151,936`` float32 is 156 MB)."""
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """Position ids that skip left padding (what ``generate`` uses for left-padded prompts)."""
-    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def widened(logits: Tensor) -> Tensor:
@@ -186,6 +197,75 @@ def _model_logits(
     return out.logits
 
 
+def _shared(
+    model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, mask: Tensor, group_size: int | None
+) -> SharedLogits | None:
+    """The prompt-shared logits (`shared_prompt_forward`), or None where they cannot serve (reason logged); the
+    path taken is noted for `posttrain.llm.rollout.shared_prefix.recorded_groups`."""
+    if group_size is None:
+        return None
+    facts = row_facts(model, prompt_ids, prompt_mask, mask, group_size=group_size)  # one host sync
+    shared = _shared_or_none(model, prompt_ids, prompt_mask, response_ids, mask, group_size, facts)
+    note_groups(prompt_ids.shape[0] // group_size, shared=shared is not None)
+    return shared
+
+
+def _shared_or_none(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    response_ids: Tensor,
+    mask: Tensor,
+    group_size: int,
+    facts: RowFacts,
+) -> SharedLogits | None:
+    """`_shared` once the batch's `RowFacts` are read."""
+    reason = why_not_shared(model, prompt_ids, prompt_mask, group_size=group_size, facts=facts)
+    if reason is None and not worth_sharing(model, facts, group_size=group_size):
+        return None  # the prompts cost less than the extra forward call: not a fallback
+    if reason is None:
+        try:
+            return shared_prompt_forward(
+                model, prompt_ids, prompt_mask, response_ids, mask, group_size=group_size, facts=facts
+            )
+        except RuntimeError as exc:
+            reason = str(exc)
+    if group_size > 1:
+        log_fallback(reason)
+    return None
+
+
+def _shared_logprobs(
+    shared: SharedLogits, response_ids: Tensor, options: dict[str, Any]
+) -> tuple[Tensor, Tensor | None]:
+    """`sampled_logprobs` of each pass of `shared_prompt_forward`, placed at their ``[B, T]`` positions (0 elsewhere)."""
+    b, k = response_ids.shape[0], shared.group_size
+    logp0, ent0 = sampled_logprobs(shared.first_per_row(), response_ids[:, 0].reshape(b // k, k), **options)
+    logp = logp0.new_zeros(response_ids.shape)
+    entropy = None if ent0 is None else logp0.new_zeros(response_ids.shape)
+    logp[:, 0] = logp0.reshape(b)
+    if entropy is not None and ent0 is not None:
+        entropy[:, 0] = ent0.reshape(b)
+    for c in shared.chunks:
+        n = c.logits.shape[1]
+        if n == 0:
+            continue
+        cols = slice(c.start + 1, c.start + 1 + n)
+        rows = slice(None) if c.rows is None else c.rows
+        lp, ent = sampled_logprobs(c.logits, response_ids[rows, cols], **options)
+        logp[rows, cols] = lp
+        if entropy is not None and ent is not None:
+            entropy[rows, cols] = ent
+    return shared.tie(logp), entropy
+
+
+def _padded(x: Tensor, width: int) -> Tensor:
+    """``x [B, S, ...]`` with zero columns appended up to ``width``."""
+    if x.shape[1] == width:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])], dim=1)
+
+
 def response_logits(
     model: Any,
     prompt_ids: Int[Tensor, "B P"],
@@ -194,13 +274,20 @@ def response_logits(
     mask: Bool[Tensor, "B T"],
     *,
     temperature: float = 1.0,
+    group_size: int | None = None,
 ) -> Float[Tensor, "B T V"]:
     r"""Temperature-scaled logits $z_t/\tau$ predicting each response token (float32 or wider), one forward.
 
-    Only the ``T + 1`` last positions get logits (``logits_to_keep``), so the prompt costs no
-    ``V``-sized memory; gradient flows when called outside ``torch.no_grad``.
+    Only the positions predicting response tokens get logits, so the prompt costs no ``V``-sized
+    memory; gradient flows when called outside ``torch.no_grad``. With ``group_size`` K (rows
+    ``g*K .. g*K+K-1`` share a prompt) each prompt is computed once (`shared_prompt_forward`; the
+    trailing columns off every row's mask are then 0).
     """
-    logits = _model_logits(model, prompt_ids, prompt_mask, response_ids, mask)[:, :-1]
+    shared = _shared(model, prompt_ids, prompt_mask, response_ids, mask, group_size)
+    if shared is not None:
+        logits = _padded(shared.full(), response_ids.shape[1])
+    else:
+        logits = _model_logits(model, prompt_ids, prompt_mask, response_ids, mask)[:, :-1]
     return widened(logits) / temperature
 
 
@@ -214,28 +301,41 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    group_size: int | None = None,
 ) -> tuple[Float[Tensor, "B T"], Float[Tensor, "B T"] | None]:
-    r"""Log-probs $\log\mathrm{softmax}(z_t/\tau)_{y_t}$ of the response tokens under ``model``, one forward.
+    r"""Log-probs $\log\mathrm{softmax}(z_t/\tau)_{y_t}$ of the response tokens under ``model``.
 
     Gradient flows into ``logp`` when called outside ``torch.no_grad``, into the entropy only with
-    ``entropy_grad`` (when it is in the loss). Only the ``T + 1`` last positions get logits, and
-    the log-softmax is never built over ``[B, T, V]`` (see `sampled_logprobs`).
+    ``entropy_grad`` (when it is in the loss). Only the positions predicting response tokens get
+    logits, and the log-softmax is never built over ``[B, T, V]`` (see `sampled_logprobs`).
+
+    With ``group_size`` K (the K samples of prompt g in rows ``g*K .. g*K+K-1``), each prompt runs once
+    and the K samples run on its shared KV cache (`shared_prompt_forward`): the same values and
+    gradients up to float rounding, for about ``P / (P + T)`` less work. Where sharing cannot serve
+    (`why_not_shared`) one forward runs over prompt + response, and the reason is logged; where the
+    prompts cost less than the extra forward call (`worth_sharing`, a tiny model) too, without a log.
+    None: the unshared forward.
 
     Returns:
         ``(logp [B, T], entropy [B, T] or None)``; both are 0 off the mask.
     """
-    logits = _model_logits(model, prompt_ids, prompt_mask, response_ids, mask)
-    logp, entropy = sampled_logprobs(
-        logits, response_ids, temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
-    )
+    shared = _shared(model, prompt_ids, prompt_mask, response_ids, mask, group_size)
+    options: dict[str, Any] = {"temperature": temperature, "with_entropy": with_entropy, "entropy_grad": entropy_grad}
+    if shared is None:
+        logits = _model_logits(model, prompt_ids, prompt_mask, response_ids, mask)
+        logp, entropy = sampled_logprobs(logits, response_ids, **options)
+    else:
+        logp, entropy = _shared_logprobs(shared, response_ids, options)
     logp = zero_off_mask(logp, mask)
     entropy = zero_off_mask(entropy, mask) if entropy is not None else None
     return logp, entropy
 
 
 def vocab_log_softmax(model: Any, batch: RolloutBatch, *, temperature: float) -> Float[Tensor, "B T V"]:
-    """Full-vocabulary log-probs $\\log\\mathrm{softmax}(z_t/\\tau)$ at every response position, one forward."""
+    """Full-vocabulary log-probs $\\log\\mathrm{softmax}(z_t/\\tau)$ at every response position, each prompt
+    computed once per group (`response_logits` with ``batch.group_size``)."""
     logits = response_logits(
-        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, temperature=temperature
-    )
+        model, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask, temperature=temperature,
+        group_size=batch.group_size,
+    )  # fmt: skip
     return torch.log_softmax(logits, dim=-1)

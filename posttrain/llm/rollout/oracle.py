@@ -40,6 +40,7 @@ from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.stages import StatelessStage, StepContext
 from posttrain.llm.rollout.text import right_pad
+from posttrain.llm.typed import Checked
 
 __all__ = ["OracleConfig", "OracleStage", "OracleWarning", "solution_ids"]
 
@@ -52,7 +53,7 @@ class OracleWarning(UserWarning):
 
 
 @dataclass(frozen=True)
-class OracleConfig:
+class OracleConfig(Checked):
     """``rollout.oracle``: append the task's reference solution to every group (`posttrain.llm.rollout.oracle`).
 
     ``expected_reward``: what a correct serialisation scores (1 for the built-in tasks); an oracle
@@ -148,7 +149,8 @@ class OracleStage(StatelessStage):
             for i in range(0, batch.batch_size, size):
                 mb = batch.rows(i, min(i + size, batch.batch_size))
                 logp, _ = token_logprobs(
-                    ctx.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask, temperature=ctx.temperature
-                )
+                    ctx.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.mask, temperature=ctx.temperature,
+                    group_size=mb.group_size,
+                )  # fmt: skip
                 parts.append(logp)
         return torch.cat(parts)

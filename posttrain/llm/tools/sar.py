@@ -5,14 +5,18 @@ $W = W_0 + \\sum_e \\alpha_e\\,\\mathrm{combine}(W_0, \\Delta_e)$ in float32 and
 checkpoint: non-target tensors (embeddings, LM head, norms, biases) come from the base, as in the
 official recipe (``keep_tuned_non_targets=True`` keeps the first tuned model's instead, an ablation);
 config and tokenizer files come from the first tuned directory. The combine rule is ``sar``
-(`posttrain.estimators.projections.sar_project`), or a merging baseline.
+(`posttrain.estimators.merging.sar_project`), or a merging baseline.
 
 Precision (docs: methods/sar.md): RL deltas are ~1e-4..1e-3 of the weights, so casting to bf16 can
 round the edit away; the report gives, per saved dtype, the fraction of target entries whose
 saved value equals the saved base value although the edit changed them, and the relative error
 of the realised delta. float16 is refused where a value exceeds 65504.
 
-The output directory may not be the base or a tuned directory (the inputs would be overwritten).
+Output: a new directory written under a temporary name beside ``out_dir`` and renamed into place once
+complete (with ``checksums.json``), so no stale weight shard or half-written file is ever left there and
+nothing is written through a symbolic link in an old output. An existing non-empty ``out_dir`` needs
+``overwrite`` (it is then replaced whole); it may not be, or hold, an input directory. The inputs are only
+read. Non-finite weights in any input, and non-finite ``alphas``, are refused before anything is written.
 Randomized SVD draws from its own seeded stream per tensor (``seed``), not the global RNG, so the same
 inputs give the same bytes.
 """
@@ -20,6 +24,7 @@ inputs give the same bytes.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import time
@@ -32,7 +37,7 @@ import torch
 from torch import Tensor
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.projections import sar_project, sar_rank, task_arithmetic_merge, ties_merge
+from posttrain.estimators.merging import sar_project, sar_rank, task_arithmetic_merge, ties_merge
 
 __all__ = ["DEFAULT_TARGETS", "MERGE_METHODS", "EditReport", "edit_checkpoint", "load_weights"]
 
@@ -40,6 +45,7 @@ DEFAULT_TARGETS = (r"\.(q|k|v|o)_proj\.weight$", r"\.(gate|up|down)_proj\.weight
 MERGE_METHODS = ("sar", "task_arithmetic", "average", "ties")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _FP16_MAX = 65504.0
+_NOT_COPIED = {"model.safetensors.index.json", "checksums.json", "sar_report.json"}
 
 
 @dataclass
@@ -58,17 +64,38 @@ class EditReport:
     per_tensor: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def load_weights(directory: str | Path) -> dict[str, Tensor]:
-    """All tensors of a checkpoint directory's ``*.safetensors`` files (sharded or not)."""
+def load_weights(directory: str | Path, *, name: str = "directory") -> dict[str, Tensor]:
+    """All tensors of a checkpoint directory's ``*.safetensors`` files (sharded or not).
+
+    Raises ``DomainError`` naming ``name`` and the tensor when a floating-point tensor holds NaN or infinity.
+    """
     from safetensors.torch import load_file
 
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
-        raise ShapeError(f"directory: no *.safetensors file in {directory}")
+        raise ShapeError(f"{name}: no *.safetensors file in {directory}")
     out: dict[str, Tensor] = {}
     for f in files:
         out.update(load_file(str(f)))
+    for key, w in out.items():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise DomainError(f"{name}: {directory} tensor {key} has non-finite values (NaN or infinity)")
     return out
+
+
+def _check_output(out_dir: Path, inputs: Sequence[tuple[str, str | Path]], *, overwrite: bool) -> None:
+    """Refuse an output that is, or holds, an input directory, and an existing non-empty one without ``overwrite``."""
+    out = out_dir.resolve()
+    for name, d in inputs:
+        src = Path(d).resolve()
+        if src == out:
+            raise DomainError(f"out_dir: {out_dir} is {name}; writing there would overwrite the input weights")
+        if out in src.parents:
+            raise DomainError(f"out_dir: {out_dir} holds {name} ({d}); replacing it would delete the input")
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise DomainError(f"out_dir: {out_dir} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise DomainError(f"out_dir: {out_dir} is not empty; pass --overwrite (overwrite=True) to replace it")
 
 
 def _combine(method: str, w0: Tensor, deltas: list[Tensor], alphas: Sequence[float], sar_kwargs: dict) -> Tensor:
@@ -104,6 +131,7 @@ def edit_checkpoint(
     randomized: bool = True,
     keep_tuned_non_targets: bool = False,
     seed: int = 0,
+    overwrite: bool = False,
 ) -> EditReport:
     """Edit (one tuned dir) or merge (several) checkpoints onto ``base_dir``; write ``out_dir``.
 
@@ -117,11 +145,18 @@ def edit_checkpoint(
             the relative difference reported, as docs: methods/sar.md recommends).
         keep_tuned_non_targets: take non-target tensors from the first tuned model (ablation).
         seed: the randomized SVD's seed (each target tensor reseeds, so its result does not depend on the others).
+        overwrite: replace an existing non-empty ``out_dir`` (else `DomainError`).
 
     Returns:
         An `EditReport` (also written to ``out_dir/sar_report.json``).
+
+    Raises:
+        DomainError: an unknown method or dtype; a non-finite alpha or input weight; ``out_dir`` is or holds an
+            input, or is not empty and ``overwrite`` is False.
     """
     from safetensors.torch import save_file
+
+    from posttrain.llm.train.rundir import atomic_directory
 
     if method not in MERGE_METHODS:
         raise DomainError(f"method: unknown {method!r}; valid: {', '.join(MERGE_METHODS)}")
@@ -129,16 +164,17 @@ def edit_checkpoint(
         raise ShapeError("tuned_dirs: expected at least one tuned checkpoint directory")
     if save_dtype != "auto" and save_dtype not in _DTYPES:
         raise DomainError(f"save_dtype: expected auto or one of {sorted(_DTYPES)}, got {save_dtype!r}")
-    out_resolved = Path(out_dir).resolve()
-    for name, d in [("base_dir", base_dir), *((f"tuned_dirs[{i}]", t) for i, t in enumerate(tuned_dirs))]:
-        if Path(d).resolve() == out_resolved:
-            raise DomainError(f"out_dir: {out_dir} is {name}; writing there would overwrite the input weights")
+    inputs = [("base_dir", base_dir), *((f"tuned_dirs[{i}]", t) for i, t in enumerate(tuned_dirs))]
+    _check_output(Path(out_dir), inputs, overwrite=overwrite)
     alphas = [1.0] * len(tuned_dirs) if alphas is None else list(alphas)
     if len(alphas) != len(tuned_dirs):
         raise ShapeError(f"alphas: expected {len(tuned_dirs)} values (one per tuned dir), got {len(alphas)}")
+    for i, a in enumerate(alphas):
+        if not isinstance(a, int | float) or isinstance(a, bool) or not math.isfinite(a):
+            raise DomainError(f"alphas[{i}]: expected a finite number (--alpha), got {a!r}")
     start = time.perf_counter()
-    base = load_weights(base_dir)
-    tuned = [load_weights(d) for d in tuned_dirs]
+    base = load_weights(base_dir, name="base_dir")
+    tuned = [load_weights(d, name=f"tuned_dirs[{i}]") for i, d in enumerate(tuned_dirs)]
     for i, t in enumerate(tuned):
         if set(t) != set(base):
             diff = sorted(set(t) ^ set(base))[:5]
@@ -176,6 +212,8 @@ def edit_checkpoint(
                 torch.zeros_like(w0),
             )
             report.randomized_check_rel_error = float((edit - exact).norm() / exact.norm().clamp_min(1e-30))
+        if not bool(torch.isfinite(edit).all()):  # e.g. a float32 overflow of huge deltas
+            raise DomainError(f"alphas: the edit of {name} is not finite; no output was written")
         saved = _cast(name, w0 + edit, dtype)
         realised = saved.float() - w0_raw.to(dtype).float()
         moved = edit != 0
@@ -191,14 +229,11 @@ def edit_checkpoint(
         report.per_tensor[name] = {"k": float(k), "erased": erased_here / max(int(moved.sum()), 1)}
     report.erased_fraction = erased / max(changed, 1)
     report.delta_rel_error = (err_num / err_den) ** 0.5 if err_den > 0 else 0.0
-    out_path = Path(out_dir)
-    out_path.mkdir(parents=True, exist_ok=True)
-    for f in Path(tuned_dirs[0]).iterdir():
-        if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name != "model.safetensors.index.json":
-            shutil.copy2(f, out_path / f.name)
-    tmp = out_path / "model.safetensors.tmp"
-    save_file(out, str(tmp), metadata={"format": "pt", "posttrain_edit": method})
-    tmp.replace(out_path / "model.safetensors")
-    report.seconds = time.perf_counter() - start
-    (out_path / "sar_report.json").write_text(json.dumps(asdict(report), indent=2))
+    with atomic_directory(Path(out_dir)) as tmp:  # a fresh directory, renamed over out_dir once complete
+        for f in sorted(Path(tuned_dirs[0]).iterdir()):
+            if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name not in _NOT_COPIED:
+                shutil.copyfile(f, tmp / f.name)  # the bytes only: a new file in a new directory
+        save_file(out, str(tmp / "model.safetensors"), metadata={"format": "pt", "posttrain_edit": method})
+        report.seconds = time.perf_counter() - start
+        (tmp / "sar_report.json").write_text(json.dumps(asdict(report), indent=2))
     return report

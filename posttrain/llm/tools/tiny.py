@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 
 from posttrain.errors import DomainError
+from posttrain.llm.typed import Checked, Range
 
 __all__ = ["ALPHABET", "ONE_LAYER", "SPECIAL_TOKENS", "TinyConfig", "build_tiny", "char_tokenizer", "tiny_model"]
 
@@ -29,17 +30,29 @@ ALPHABET = "0123456789+-*/=(),.:;?<>abcdefghijklmnopqrstuvwxyz"
 
 
 @dataclass(frozen=True)
-class TinyConfig:
-    """Architecture of the tiny model (``arch`` is ``"qwen2"`` or ``"llama"``)."""
+class TinyConfig(Checked):
+    """Architecture of the tiny model (``arch`` is ``"qwen2"`` or ``"llama"``); ``hidden_size`` is a multiple of
+    the attention heads, which are a multiple of the key-value heads."""
 
-    arch: str = "qwen2"
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 128
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    hidden_size: Annotated[int, Range(1, 1 << 14)] = 128
+    intermediate_size: Annotated[int, Range(1, 1 << 16)] = 256
+    num_hidden_layers: Annotated[int, Range(1, 128)] = 2
+    num_attention_heads: Annotated[int, Range(1, 256)] = 4
+    num_key_value_heads: Annotated[int, Range(1, 256)] = 2
+    max_position_embeddings: Annotated[int, Range(1, 1 << 17)] = 128
     tie_word_embeddings: bool = True
+
+    def check(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise DomainError(
+                f"hidden_size: expected a multiple of num_attention_heads={self.num_attention_heads}, got {self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DomainError(
+                f"num_key_value_heads: expected a divisor of num_attention_heads={self.num_attention_heads}, "
+                f"got {self.num_key_value_heads}"
+            )
 
 
 ONE_LAYER = TinyConfig(

@@ -7,13 +7,15 @@ Everything is first written to ``.tmp-step_000010-<pid>/`` in the same directory
 ``os.replace`` once complete (`posttrain.llm.train.rundir.atomic_directory`), so a process
 killed mid-write leaves only a temporary directory, which `latest_checkpoint` ignores and the
 next save removes. `intact_checkpoint` is the newest checkpoint whose files match their
-checksums; a corrupt one (a flipped byte, a truncated file) is set aside as ``.corrupt-step_*`` with a
-warning and the previous one is used.
+checksums; a corrupt one (a flipped byte, a truncated file, and equally one whose ``checksums.json`` is
+missing or invalid: nothing vouches for its bytes) is set aside as ``.corrupt-step_*`` with a warning and
+the previous one is used.
 
 `save_training_state` and `load_training_state` add what a trainer needs on top: the
 optimizer (under FSDP2 the gathered full weights and full optimizer state, written by rank 0; on
 resume every rank keeps its shards) and the check that the weights match the model;
-`truncate_metrics` drops the ``metrics.jsonl`` rows of steps after a resumed checkpoint.
+`truncate_metrics` drops the ``metrics.jsonl`` rows of steps after a resumed checkpoint (and sets aside the
+lines it cannot read).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 
 from posttrain.llm.policy import load_policy_weights, save_policy
-from posttrain.llm.train.rundir import atomic_directory, atomic_write_text, verify_checksums, warn
+from posttrain.llm.train.rundir import append_text, atomic_directory, atomic_write_text, verify_checksums, warn
 
 __all__ = [
     "as_tuple",
@@ -191,27 +193,46 @@ def load_training_state(
     return state
 
 
+SET_ASIDE = "metrics.set-aside.jsonl"
+"""Where a resume puts the ``metrics.jsonl`` lines it cannot read (beside it, for inspection)."""
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a ``metrics.jsonl`` line, or None when the line is not a JSON object with a positive integer
+    ``step`` (a write cut short by a kill, or a line someone else wrote)."""
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 1 else None
+
+
 def truncate_metrics(path: str | Path, step: int) -> None:
     """Drop the rows of ``metrics.jsonl`` logged after ``step`` (a resumed run logs them again), atomically.
 
-    A line that is not JSON (the last write of a killed run, cut short) is dropped with a warning.
+    A line that is not a JSON object with a positive integer ``step`` (the last write of a killed run, cut
+    short; a list, a string, ``"step": "2"``) is set aside with a warning: appended to
+    ``metrics.set-aside.jsonl`` beside it, and left out of ``metrics.jsonl``.
     """
     path = Path(path)
     if not path.exists():
         return
-    kept, torn = [], 0
-    for line in path.read_text().splitlines():
+    kept, bad = [], []
+    for line in path.read_text(errors="replace").splitlines():
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            torn += 1
-            continue
-        if row.get("step", 0) <= step:
+        row_step = _step_of(line)
+        if row_step is None:
+            bad.append(line)
+        elif row_step <= step:
             kept.append(line)
-    if torn:
-        warn(f"{path}: dropped {torn} unreadable line(s) (a write cut short by a kill)")
+    if bad:
+        append_text(path.with_name(SET_ASIDE), "".join(f"{ln}\n" for ln in bad))
+        warn(
+            f"{path}: set aside {len(bad)} line(s) that are not a JSON object with an integer step "
+            f"(a write cut short by a kill?) in {SET_ASIDE}"
+        )
     atomic_write_text(path, "".join(f"{ln}\n" for ln in kept))
 
 

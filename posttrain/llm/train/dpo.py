@@ -32,7 +32,7 @@ from torch import Tensor
 from posttrain.llm.methods.dpo import dpo_pair_loss, encode_pairs, sequence_logprobs
 from posttrain.llm.methods.pairs import PreferencePair
 from posttrain.llm.train import checkpoint
-from posttrain.llm.train.optim import make_optimizer, make_scheduler
+from posttrain.llm.train.optim import optimization
 from posttrain.llm.train.parallel import clip_gradients
 
 if TYPE_CHECKING:
@@ -108,8 +108,7 @@ def train_dpo(
     ref_logp = pair_logprobs(reference, tokenizer, pairs, cfg)  # [2N], once: the reference is frozen
     ref_eval = pair_logprobs(reference, tokenizer, eval_pairs, cfg) if eval_pairs else None
     n = len(pairs)
-    optimizer = make_optimizer(cfg, model)
-    scheduler = make_scheduler(cfg, optimizer)
+    optimizer, scheduler = optimization(cfg.optim, model)
     stream = _order(n, random.Random(cfg.seed))
     history: list[dict[str, Any]] = []
     every = cfg.checkpoint.every

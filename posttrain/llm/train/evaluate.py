@@ -2,10 +2,16 @@
 
 Held-out prompts come from ``random.Random(seed + HELD_OUT_OFFSET)``, a stream the training data
 (``random.Random(seed)``) never uses; with a finite task (JSONL) the two can still overlap.
+
+A reward that could not be computed (NaN: a reward function's None, a verifier out of time) is counted
+in ``unjudged`` and never scored 0: ``pass@k`` / ``mean@k`` average over the prompts whose samples were
+all judged (``judged_prompts``), ``reward_mean`` and ``greedy_accuracy`` over the judged samples; a metric
+with nothing to average is NaN (the CLI prints it as "-" and says why).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +46,15 @@ def eval_metric_names(ks: Sequence[int] = (1,)) -> list[str]:
         "greedy_accuracy",
         "response_len",
         "entropy",
+        "unjudged",
+        "judged_prompts",
+        "zero_variance_prompts",
     ]
+
+
+def _mean(values: np.ndarray) -> float:
+    """The mean, NaN for no values (without numpy's empty-slice warning)."""
+    return float(values.mean()) if values.size else math.nan
 
 
 def held_out_problems(task: Task, seed: int, n: int) -> list[Any]:
@@ -66,9 +80,13 @@ def evaluate(
     """Metrics of ``model`` on ``n_prompts`` held-out problems, ``n_samples`` samples each.
 
     Returns a flat dict: ``pass@k`` and ``mean@k`` for each k (unbiased, Chen et al. 2021,
-    averaged over prompts), ``reward_mean`` (mean sampled reward), ``greedy_accuracy``,
-    ``response_len`` (mean sampled tokens, ``<eos>`` included) and ``entropy`` (mean token entropy
-    along the sampled responses, nats).
+    averaged over the prompts whose samples were all judged), ``reward_mean`` (mean judged sampled
+    reward), ``greedy_accuracy`` (over judged greedy answers), ``response_len`` (mean sampled tokens,
+    ``<eos>`` included), ``entropy`` (mean token entropy along the sampled responses, nats),
+    ``unjudged`` (sampled completions whose reward could not be computed), ``judged_prompts`` and
+    ``zero_variance_prompts`` (the share of the judged prompts whose samples all got the same reward: a group
+    advantage would be 0 on each; NaN with one sample per prompt).
+    A metric with nothing to average is NaN.
     """
     if any(k < 1 or k > n_samples for k in ks):
         raise DomainError(f"ks: every k must be in [1, n_samples={n_samples}], got {list(ks)}")
@@ -82,7 +100,9 @@ def evaluate(
 
     sampled = engine.generate(prompts, n=n_samples, seed=seed + HELD_OUT_OFFSET)
     rewards = rewards_of(sampled, n_samples).reshape(n_prompts, n_samples)
-    correct = (rewards >= 1.0).sum(axis=1)
+    judged = ~np.isnan(rewards)
+    full = judged.all(axis=1)  # prompts whose n samples were all judged: unbiased pass@k needs all n
+    correct = (rewards[full] >= 1.0).sum(axis=1)
     with torch.no_grad():
         _, entropy = token_logprobs(
             model,
@@ -92,14 +112,23 @@ def evaluate(
             sampled.mask,
             temperature=sampling.temperature,
             with_entropy=True,
+            group_size=n_samples,
         )
     assert entropy is not None
     greedy = engine.generate(prompts, n=1, seed=seed, greedy=True)
     mask = sampled.mask
-    out = {f"pass@{k}": float(pass_at_k(n_samples, correct, k).mean()) for k in ks}
-    out.update({f"mean@{k}": float(mean_at_k(n_samples, correct, k).mean()) for k in ks})
-    out["reward_mean"] = float(rewards.mean())
-    out["greedy_accuracy"] = float((rewards_of(greedy, 1) >= 1.0).mean())
+    greedy_rewards = rewards_of(greedy, 1)
+    greedy_rewards = greedy_rewards[~np.isnan(greedy_rewards)]
+    out = {f"pass@{k}": _mean(np.asarray(pass_at_k(n_samples, correct, k))) if full.any() else math.nan for k in ks}
+    out.update(
+        {f"mean@{k}": _mean(np.asarray(mean_at_k(n_samples, correct, k))) if full.any() else math.nan for k in ks}
+    )
+    out["reward_mean"] = _mean(rewards[judged])
+    out["greedy_accuracy"] = _mean((greedy_rewards >= 1.0).astype(np.float64))
     out["response_len"] = float(mask.sum(dim=1).float().mean())
     out["entropy"] = float(entropy[mask].mean())
+    out["unjudged"] = int((~judged).sum())
+    out["judged_prompts"] = int(full.sum())
+    constant = (rewards[full] == rewards[full][:, :1]).all(axis=1)
+    out["zero_variance_prompts"] = _mean(constant.astype(np.float64)) if n_samples > 1 else math.nan
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
@@ -34,9 +34,12 @@ from posttrain.estimators.optim import (
     muon_update,
     route_muon_parameters,
 )
+from posttrain.llm.typed import OneOf, Range
 
 __all__ = ["MuonWithAdamW"]
 
+_POSITIVE = Range(0.0, None, low_open=True)
+_UNIT = Range(0.0, 1.0, high_open=True)
 _TORCH_SCALES = {MuonScale.ORIGINAL: "original", MuonScale.MATCH_RMS_ADAMW: "match_rms_adamw"}
 
 
@@ -109,17 +112,17 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self,
         model: torch.nn.Module,
         *,
-        lr: float = 0.02,
-        adamw_lr: float | None = None,
-        momentum: float = 0.95,
+        lr: Annotated[float, _POSITIVE] = 0.02,
+        adamw_lr: Annotated[float, _POSITIVE] | None = None,
+        momentum: Annotated[float, _UNIT] = 0.95,
         nesterov: bool = True,
-        ns_steps: int = 5,
-        scale: str = "original",
-        weight_decay: float = 0.01,
+        ns_steps: Annotated[int, Range(1, 100)] = 5,
+        scale: Annotated[str, OneOf(tuple(m.value for m in MuonScale))] = "original",
+        weight_decay: Annotated[float, Range(0.0)] = 0.01,
         compute_dtype: torch.dtype | None = torch.bfloat16,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        adamw_weight_decay: float = 0.01,
+        betas: tuple[Annotated[float, _UNIT], Annotated[float, _UNIT]] = (0.9, 0.999),
+        eps: Annotated[float, Range(0.0)] = 1e-8,
+        adamw_weight_decay: Annotated[float, Range(0.0)] = 0.01,
         include: Sequence[str] = DEFAULT_MUON_INCLUDE,
         exclude: Sequence[str] = DEFAULT_MUON_EXCLUDE,
         fused: bool | None = None,

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from posttrain.errors import DomainError
-from posttrain.llm.config import STRATEGIES
 
 __all__ = [
+    "STRATEGIES",
     "average_gradients",
     "clip_gradients",
     "full_optimizer_state",
@@ -39,6 +39,10 @@ __all__ = [
     "wrap_frozen",
     "wrap_model",
 ]
+
+
+STRATEGIES = ("ddp", "fsdp")
+"""``distributed.strategy``: the wrappers of this module."""
 
 
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

@@ -7,7 +7,12 @@
   temporary name in the same folder, fsync it and ``os.replace`` it into place: a process killed
   mid-write leaves the previous version (or nothing), never a torn one.
 - `write_checksums` / `verify_checksums`: SHA-256 of every file of a saved directory in
-  ``checksums.json``; a flipped byte or a truncated file is found before anything is loaded.
+  ``checksums.json``; a flipped byte or a truncated file is found before anything is loaded, and so is a
+  directory that cannot be vouched for: no manifest, a manifest of the wrong shape or naming a path
+  outside the directory, a symbolic link, a file the manifest does not list.
+- Nothing a run writes follows a symbolic link out of its directory: a run file that is a link (even a
+  dangling one) marks the directory as holding a run, a resume refuses it, ``--overwrite`` removes the link
+  itself; temporary files are created exclusively and appends (`append_jsonl`) refuse links.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -32,19 +38,23 @@ __all__ = [
     "RUN_FILES",
     "RunDirError",
     "RunDirWarning",
+    "append_jsonl",
+    "append_text",
     "atomic_directory",
     "atomic_write_text",
     "check_run_dir",
     "claim_run_dir",
+    "remove_run_files",
     "verify_checksums",
     "write_checksums",
 ]
 
 RUN_FILES = (
-    "config.yaml", "metrics.jsonl", "es_metrics.jsonl", "sft_metrics.jsonl", "eval.jsonl",
-    "initial", "tiny", "checkpoints", "es", "tensorboard", "wandb",
+    "config.yaml", "metrics.jsonl", "metrics.set-aside.jsonl", "es_metrics.jsonl", "sft_metrics.jsonl", "eval.jsonl",
+    "curves.png", "initial", "tiny", "checkpoints", "es", "tensorboard", "wandb",
 )  # fmt: skip
-"""What a run writes in its directory (``--overwrite`` removes exactly these)."""
+"""What a run writes in its directory (``--overwrite`` removes exactly these). Any of them present, even as a
+dangling symbolic link, means the directory holds a run."""
 
 RESUMABLE_KEYS = (
     "optim.steps",
@@ -76,16 +86,51 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _unlink_stale(path: Path) -> None:
+    """Remove what a killed writer (or anyone) left at a temporary name: a link itself, never its target."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsync'd, then ``os.replace``d."""
+    """Write ``text`` to ``path`` through a temporary file in the same folder, fsync'd, then ``os.replace``d.
+
+    The temporary file is created exclusively (``O_EXCL | O_NOFOLLOW``): a link planted at its name is removed,
+    never written through; ``os.replace`` replaces a link at ``path`` itself, not its target.
+    """
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(tmp, "w") as f:
+    _unlink_stale(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with open(fd, "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def append_text(path: str | Path, text: str) -> None:
+    """Append ``text`` to ``path`` (created if missing), never through a symbolic link.
+
+    Raises ``RunDirError`` when ``path`` is a link (a run writes only inside its directory).
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            raise RunDirError(f"{path} is a symbolic link; a run writes only inside its directory") from None
+        raise RunDirError(f"{path}: cannot append ({exc})") from exc
+    with open(fd, "a") as f:
+        f.write(text)
+
+
+def append_jsonl(path: str | Path, row: Mapping[str, Any]) -> None:
+    """Append ``row`` as one JSON line to ``path`` (`append_text`: never through a link)."""
+    append_text(path, json.dumps(dict(row)) + "\n")
 
 
 def _digest(path: Path) -> str:
@@ -97,33 +142,89 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+def _walk(directory: Path) -> tuple[list[str], str | None]:
+    """The relative POSIX names of the files under ``directory`` (its manifest excluded), sorted, without
+    following links; or ``([], reason)`` when an entry is a symbolic link (it may point out of the directory)."""
+    names = []
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(root, name)
+            if path.is_symlink():
+                return [], f"{path.relative_to(directory).as_posix()} is a symbolic link"
+        names += [Path(root, n).relative_to(directory).as_posix() for n in files]
+    return sorted(n for n in names if n != CHECKSUMS), None
 
 
 def write_checksums(directory: str | Path) -> None:
-    """``directory/checksums.json``: ``{relative path: [size, sha256]}`` of every file under it."""
+    """``directory/checksums.json``: ``{relative path: [size, sha256]}`` of every file under it.
+
+    Raises ``RunDirError`` when the directory holds a symbolic link (its target is not the run's to vouch for).
+    """
     d = Path(directory)
-    table = {str(p.relative_to(d)): [p.stat().st_size, _digest(p)] for p in _files(d)}
+    names, reason = _walk(d)
+    if reason is not None:
+        raise RunDirError(f"{d}: {reason}; a saved directory holds plain files only")
+    table = {name: [(d / name).stat().st_size, _digest(d / name)] for name in names}
     (d / CHECKSUMS).write_text(json.dumps(table, indent=1, sort_keys=True))
 
 
-def verify_checksums(directory: str | Path) -> str | None:
-    """None when every file listed in ``checksums.json`` is present with its size and hash, else the reason.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_MAX_MANIFEST_BYTES = 1 << 24
 
-    A directory without ``checksums.json`` (written before checksums existed) gives None: nothing to check.
+
+def _manifest_entries(table: Any) -> dict[str, tuple[int, str]] | str:
+    """The entries of a parsed manifest, or the reason it is not one: a mapping of relative POSIX file names
+    (no ``..``, no absolute path) to ``[size, sha256]`` pairs, listing at least one file."""
+    if not isinstance(table, dict):
+        return f"{CHECKSUMS}: expected a mapping of file names to [size, sha256], got {type(table).__name__}"
+    if not table:
+        return f"{CHECKSUMS} lists no file"
+    entries: dict[str, tuple[int, str]] = {}
+    for name, entry in table.items():
+        parts = PurePosixPath(name).parts
+        if not name or "\\" in name or name.startswith("/") or any(p in ("..", ".") for p in parts):
+            return f"{CHECKSUMS}: {name!r} names a file outside the directory"
+        size, digest = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0) or not (
+            isinstance(digest, str) and _SHA256.fullmatch(digest)
+        ):
+            return f"{CHECKSUMS}: entry {name!r} is {entry!r}, expected [size, sha256]"
+        entries[PurePosixPath(name).as_posix()] = (size, digest)
+    return entries
+
+
+def verify_checksums(directory: str | Path) -> str | None:
+    """None when ``checksums.json`` is a valid manifest and the directory holds exactly the files it lists,
+    each with its size and hash; else the reason (never an exception for a bad manifest or file).
+
+    Not intact: no manifest (nothing vouches for the bytes), a manifest of the wrong shape (`_manifest_entries`),
+    a symbolic link anywhere in the directory, a file the manifest does not list (a loader's ``*.safetensors``
+    glob would read it), a missing, resized or changed file.
     """
     d = Path(directory)
     listing = d / CHECKSUMS
+    if d.is_symlink() or listing.is_symlink():
+        return f"{d.name if d.is_symlink() else CHECKSUMS} is a symbolic link"
     if not listing.is_file():
-        return None
+        return f"no {CHECKSUMS}"
     try:
+        if listing.stat().st_size > _MAX_MANIFEST_BYTES:
+            return f"{CHECKSUMS} is larger than {_MAX_MANIFEST_BYTES} bytes"
         table = json.loads(listing.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{CHECKSUMS} unreadable ({exc})"
-    for name, (size, digest) in sorted(table.items()):
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"{CHECKSUMS} unreadable ({type(exc).__name__}: {exc})"
+    entries = _manifest_entries(table)
+    if isinstance(entries, str):
+        return entries
+    names, reason = _walk(d)
+    if reason is not None:
+        return reason
+    unlisted = sorted(set(names) - set(entries))
+    if unlisted:
+        return f"{unlisted[0]} is not in {CHECKSUMS}"
+    for name, (size, digest) in sorted(entries.items()):
         p = d / name
-        if not p.is_file():
+        if name not in names:
             return f"{name} is missing"
         if p.stat().st_size != size:
             return f"{name} has {p.stat().st_size} bytes, {size} were written"
@@ -142,7 +243,7 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".tmp-{final.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        _unlink_stale(stale)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     tmp.mkdir()
     try:
@@ -151,11 +252,11 @@ def atomic_directory(final: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if final.exists():
+    if os.path.lexists(final):  # a link at final is moved aside and unlinked, its target left alone
         old = final.parent / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
         os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _unlink_stale(old)
     else:
         os.replace(tmp, final)
     _fsync_dir(final.parent)
@@ -173,7 +274,12 @@ def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _existing(out: Path) -> list[str]:
-    return [name for name in RUN_FILES if (out / name).exists()]
+    """The run files in ``out``; a dangling link counts (it names a run's file, and a write would follow it)."""
+    return [name for name in RUN_FILES if os.path.lexists(out / name)]
+
+
+def _links(out: Path) -> list[str]:
+    return [name for name in RUN_FILES if (out / name).is_symlink()]
 
 
 def check_run_dir(out: str | Path, cfg: Any, *, resume: bool, overwrite: bool) -> dict[str, tuple[Any, Any]]:
@@ -181,11 +287,10 @@ def check_run_dir(out: str | Path, cfg: Any, *, resume: bool, overwrite: bool) -
 
     Raises:
         RunDirError: ``out`` holds a run and neither ``resume`` nor ``overwrite`` is set; both are set;
-            or ``resume`` with a config that differs from the run's ``config.yaml`` outside
-            `RESUMABLE_KEYS` (the message lists the keys and both values).
+            ``resume`` with a config that differs from the run's ``config.yaml`` outside
+            `RESUMABLE_KEYS` (the message lists the keys and both values); ``resume`` into a directory whose
+            run files include a symbolic link (its writes would land outside the run).
     """
-    from posttrain.llm.config import config_from_dict, config_to_dict
-
     out = Path(out)
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite: choose one (continue the run, or replace it)")
@@ -197,6 +302,14 @@ def check_run_dir(out: str | Path, cfg: Any, *, resume: bool, overwrite: bool) -
             f"--out {out}: the directory already holds a run ({', '.join(found)}); pass --resume to continue it, "
             "--overwrite to replace it, or choose another --out"
         )
+    linked = _links(out)
+    if linked:
+        raise RunDirError(
+            f"--resume: {out / linked[0]} is a symbolic link; a run writes only inside its directory "
+            "(replace the link by the file, or start over with --overwrite)"
+        )
+    from posttrain.llm.config import config_from_dict, config_to_dict
+
     saved = out / "config.yaml"
     if not saved.is_file():
         raise RunDirError(f"--resume: {out} holds {', '.join(found)} but no config.yaml to check the config against")
@@ -233,12 +346,21 @@ def claim_run_dir(out: str | Path, cfg: Any, changes: Mapping[str, tuple[Any, An
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        for name in _existing(out):
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        remove_run_files(out)
     saved = out / "config.yaml"
     previous = saved.read_text() if saved.is_file() else ""
     atomic_write_text(saved, config_text(cfg, changes, previous=previous))
+
+
+def remove_run_files(out: str | Path) -> None:
+    """Remove the `RUN_FILES` of ``out``: a symbolic link is unlinked, never followed (its target is not the run's)."""
+    out = Path(out)
+    for name in _existing(out):
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
 
 
 def warn(message: str) -> None:

@@ -1,4 +1,7 @@
-"""Metric sinks beside ``metrics.jsonl``: TensorBoard and Weights & Biases, when asked for and installed.
+"""Metric sinks beside ``metrics.jsonl``: training curves, TensorBoard and Weights & Biases.
+
+The curves (``curves.png``, `posttrain.llm.train.curves`) are always drawn on rank 0: at every checkpoint
+(``checkpoint.every`` steps) and when the run ends (also when it stops on an error or an interrupt).
 
 ``logging.tensorboard: true`` writes every numeric metric of a step (``step`` is the x axis) as a
 scalar under ``<run>/tensorboard/`` (``tensorboard`` from the ``[dev]`` extra); ``logging.wandb_project``
@@ -42,6 +45,19 @@ def _tensorboard(out: Path, stack: contextlib.ExitStack) -> Sink | None:
     return to_tensorboard
 
 
+def _curves(cfg: RunConfig, out: Path, stack: contextlib.ExitStack) -> Sink:
+    from posttrain.llm.train import curves
+
+    every = cfg.checkpoint.every
+    stack.callback(lambda: curves.draw_curves(out))  # at the end, whatever the ending
+
+    def to_curves(m: dict[str, Any]) -> None:
+        if every and m["step"] % every == 0:
+            curves.draw_curves(out)
+
+    return to_curves
+
+
 def _wandb(cfg: RunConfig, out: Path, stack: contextlib.ExitStack) -> Sink | None:
     try:
         import wandb
@@ -59,6 +75,8 @@ def metric_sinks(cfg: RunConfig, out: Path, *, rank: int = 0) -> Iterator[Sink]:
     and closed when the context exits."""
     with contextlib.ExitStack() as stack:
         sinks: list[Sink | None] = []
+        if rank == 0:
+            sinks.append(_curves(cfg, out, stack))
         if rank == 0 and cfg.logging.tensorboard:
             sinks.append(_tensorboard(out, stack))
         if rank == 0 and cfg.logging.wandb_project:

@@ -1,18 +1,25 @@
 """The RL trainer: one loop, generate -> score -> advantages -> log-probs -> loss -> step -> log.
 
-Everything method-specific lives in the `Algorithm` bundle; the loop
-only fills what the bundle declares it needs (``Algorithm.needs``) and calls its callables. The bundle
+Everything method-specific lives in the `Algorithm` bundle; the loop only fills what the bundle declares
+it needs (``Algorithm.needs``, in the order and from the sources of the table
+`posttrain.llm.methods.needs.NEEDS`) and calls its callables. The sampling temperature of the training
+forward, the stages and the hooks is the run's one `SamplingConfig` (``sampling``), the engine's. The bundle
 of step ``s`` is ``algorithm.at(s, scores)``, a pure function of the step and of the validation scores
 logged so far (``logging.eval_metric`` every ``logging.eval_every`` steps). The bundle's own trainable
 modules (``Algorithm.modules``) join the optimizer; its ``before_update`` hook (e.g. SIS) runs before
 every optimizer step with explicit state threaded through the step's updates. Rollout stages
 (`posttrain.llm.rollout.stages`: HDR replay, RAIL branching) are called at fixed points of every step.
 
+Off-policy (docs: off_policy.md): a step's batch comes from a `RolloutSource` (`posttrain.llm.train.pending`):
+generated now, by the policy of ``rollout.staleness`` steps earlier, or by an asynchronous worker. What a method
+reads from the behaviour policy's own forward (`NEEDS` rows marked ``behaviour``) is filled when the batch is
+generated; the stages, the other needs and the advantages when its step runs.
+
 Simplifications (stated, not hidden):
 
-- ``logp_old`` is the rollout engine's behaviour log-prob (no recomputation with the trainer's
-  forward); with the HF engine the two agree to ~1e-6 in float32, with vLLM to its kernels'
-  precision. No mismatch importance weights are applied. No critic.
+- ``logp_old`` is the engine's behaviour log-prob; the trainer recomputes it (``logp_prox``) only for
+  ``algorithm.rollout_correction`` (`posttrain.llm.methods.correction`). With the HF engine the two agree to
+  ~1e-6 in float32, with vLLM to its kernels' precision. No critic.
 - A step is: one rollout batch of G prompts x K samples, then ``updates_per_batch`` optimizer
   steps on the whole batch, each accumulating gradients over micro-batches of whole groups.
   Its metrics are listed in `posttrain.llm.train.step_log`.
@@ -29,11 +36,12 @@ Simplifications (stated, not hidden):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +49,20 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from posttrain.errors import DomainError
 from posttrain.estimators import aggregate, masked_mean
-from posttrain.estimators.aggregate import normaliser
+from posttrain.estimators.aggregation import normaliser
 from posttrain.llm.config import RunConfig
 from posttrain.llm.methods.algorithm import Algorithm, UpdateContext, update_seed
+from posttrain.llm.methods.needs import NEEDS, Filler, Need, Source, read, write
 from posttrain.llm.rollout.batch import RolloutBatch
-from posttrain.llm.rollout.engine import RolloutEngine
+from posttrain.llm.rollout.engine import RolloutEngine, SamplingConfig
+from posttrain.llm.rollout.shared_prefix import recorded_groups
 from posttrain.llm.rollout.stages import RolloutStage, StepContext
 from posttrain.llm.rollout.tasks import Problem, Task
-from posttrain.llm.rollout.text import decode_responses, encode_prompts, score_responses
+from posttrain.llm.rollout.text import decode_responses, score_responses
 from posttrain.llm.train import checkpoint
-from posttrain.llm.train.optim import make_optimizer, make_scheduler, module_parameters
+from posttrain.llm.train.optim import module_parameters, optimization
 from posttrain.llm.train.parallel import (
     average_gradients,
     clip_gradients,
@@ -59,12 +70,11 @@ from posttrain.llm.train.parallel import (
     rank_and_world,
     synced_engine,
 )
+from posttrain.llm.train.pending import Generated, RolloutMaker, rollout_source
 from posttrain.llm.train.rundir import CHECKSUMS
 from posttrain.llm.train.step_log import policy_cost, step_flops, step_metrics
 
-__all__ = ["Trainer", "make_optimizer", "make_scheduler", "policy_cost"]
-
-Filler = Callable[[RolloutBatch], torch.Tensor]
+__all__ = ["Filler", "Trainer", "policy_cost"]
 
 
 class Trainer:
@@ -74,8 +84,11 @@ class Trainer:
         cfg: the run configuration. model: the policy (an HF causal LM, possibly wrapped in DDP or sharded
             with FSDP2's ``fully_shard``). tokenizer: its tokenizer. task: samples problems, scores completions.
         engine: the rollout engine. algorithm: the method's callables.
+        sampling: the run's sampling settings (the engine's): the training forward, the stages, the hooks
+            and the evaluation use its temperature.
         out_dir: run directory (``metrics.jsonl``, ``checkpoints/``); None writes nothing.
-        fillers: how to compute each extra batch field the algorithm may need (``logp_ref``, ...).
+        fillers: the filler of each need of the algorithm that a filler provides (`NEEDS`), by `Need`
+            (or its name).
         stages: rollout stages, called in order (`posttrain.llm.rollout.stages`).
     """
 
@@ -88,22 +101,24 @@ class Trainer:
         task: Task,
         engine: RolloutEngine,
         algorithm: Algorithm,
+        sampling: SamplingConfig,
         out_dir: str | Path | None = None,
-        fillers: dict[str, Filler] | None = None,
+        fillers: Mapping[Need, Filler] | Mapping[str, Filler] | None = None,
         stages: Sequence[RolloutStage] = (),
     ) -> None:
         self.cfg, self.model, self.tokenizer, self.task = cfg, model, tokenizer, task
         self.engine, self.algorithm, self.stages = engine, algorithm, tuple(stages)
+        self.sampling = sampling
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.fillers = fillers or {}
+        self.fillers: dict[Need, Filler] = {Need(k): f for k, f in (fillers or {}).items()}
         self.policy_cost = policy_cost(model)
-        missing = sorted(n for n in algorithm.needs if n != "logp_old" and n not in self.fillers)
+        filled = [n for n in algorithm.needs if NEEDS[n].source is Source.FILLER]
+        missing = sorted(str(n) for n in filled if n not in self.fillers)
         if missing:
             raise ValueError(
                 f"algorithm needs {missing} but the trainer has no way to compute them (e.g. set model.teacher)"
             )
-        self.optimizer = make_optimizer(cfg, model, modules=algorithm.modules)  # + the bundle's own modules
-        self.scheduler = make_scheduler(cfg, self.optimizer)
+        self.optimizer, self.scheduler = optimization(cfg.optim, model, modules=algorithm.modules)  # + its modules
         self.val_scores: list[float] = []
         self.data_rng = random.Random(cfg.seed)
         self.step = 0
@@ -112,6 +127,15 @@ class Trainer:
             raise ValueError(
                 f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple of the world size {self.world}"
             )
+        self.maker = RolloutMaker(
+            tokenizer, task, engine, cfg.data.prompts_per_step, cfg.seed, self.rank, self.world,
+            cfg.model.chat_template, cfg.model.system_prompt,
+        )  # fmt: skip
+        self.rollouts = rollout_source(
+            cfg.rollout, policy=self.policy, tokenizer=tokenizer, task=task, sampling=sampling,
+            n=self.fresh_samples(), maker=self.maker,
+        )  # fmt: skip
+        self.generated: Generated | None = None  # the current step's batch as generated
         self.context: StepContext | None = None  # the current step's, for the stages' hooks
         self.stage_logs: dict[str, float] = {}
         self.stage_unjudged = 0
@@ -130,65 +154,74 @@ class Trainer:
         return getattr(self.model, "module", self.model)
 
     # ---------------------------------------------------------------- generate + score
+    def fresh_samples(self) -> int:
+        """Responses per prompt the engine samples for the stages to hand on ``rollout.group_size``."""
+        return functools.reduce(
+            lambda m, stage: stage.fresh_samples(m), reversed(self.stages), self.cfg.rollout.group_size
+        )
+
+    def generate(self, step: int) -> Generated:
+        """The scored batch of training step ``step`` from the current policy, with the needs of the behaviour
+        policy's forward (`NEEDS` rows marked ``behaviour``) filled now."""
+        gen = self.maker(self.data_rng, step, self.step, self.fresh_samples())
+        behaviour = {n for n in self.algorithm.needs if NEEDS[n].behaviour and n in self.fillers}
+        return dataclasses.replace(gen, batch=self.fill(gen.batch, behaviour))
+
     def rollout(self) -> tuple[RolloutBatch, list[str]]:
-        """This rank's share of G prompts x K scored responses, shaped by the stages, with needs and advantages."""
-        cfg = self.cfg
-        g, k = cfg.data.prompts_per_step, cfg.rollout.group_size
-        problems = self.task.sample(self.data_rng, g)  # same problems on every rank
-        share = g // self.world
-        problems = problems[self.rank * share : (self.rank + 1) * share]
-        prompts = encode_prompts(self.tokenizer, [p.prompt for p in problems], chat_template=cfg.model.chat_template,
-                                 system=cfg.model.system_prompt)  # fmt: skip
-        seed = cfg.seed * 1_000_003 + self.step * 101 + self.rank
-        n = functools.reduce(lambda m, stage: stage.fresh_samples(m), reversed(self.stages), k)
-        r = self.engine.generate(prompts, n=n, seed=seed)
-        rewards, texts = self._score(problems, r.response_ids, r.mask, n)
-        judged = torch.isfinite(rewards)
-        if not bool(judged.all()):  # a group with an unjudged sample: placeholders, left out of the loss
-            whole = judged.reshape(-1, n).all(dim=1).repeat_interleave(n)
-            rewards = torch.where(whole, rewards, torch.zeros(()))
-        batch = RolloutBatch(
-            prompt_ids=r.prompt_ids, prompt_mask=r.prompt_mask, response_ids=r.response_ids, mask=r.mask,
-            rewards=rewards.to(r.mask.device), group_size=n, logp_old=r.logp,
-            judged=None if bool(judged.all()) else judged.to(r.mask.device),
-            domain=None if any(p.domain is None for p in problems) else  # the prompts' domain labels, if any
-            torch.tensor([p.domain for p in problems], device=r.mask.device).repeat_interleave(n),
-        )  # fmt: skip
+        """This rank's share of G prompts x K scored responses of the current step (from the rollout source:
+        generated now, ``rollout.staleness`` steps ago or by the worker), shaped by the stages, with needs and
+        advantages."""
+        gen = self.generated = self.rollouts.next(self.step, self.generate, self.data_rng)
+        k = self.cfg.rollout.group_size
         self.stage_unjudged = 0
         self.context = StepContext(
-            self.step, cfg.optim.steps, seed, self.policy, self.engine, prompts,
-            lambda ids, mask, m: self._stage_score(problems, ids, mask, m), self.tokenizer.pad_token_id,
-            cfg.rollout.temperature, problems,
+            gen.step, self.cfg.optim.steps, gen.seed, self.policy, self.engine, gen.prompts,
+            lambda ids, mask, m: self._stage_score(list(gen.problems), ids, mask, m), self.tokenizer.pad_token_id,
+            self.sampling.temperature, gen.problems,
         )  # fmt: skip
-        fresh, self.stage_logs = batch, {}
+        batch, self.stage_logs = gen.batch, {}
         for stage in self.stages:  # e.g. RAIL branches, replayed groups
             batch, logs = stage.after_rollout(batch, self.context)
             self.stage_logs.update(logs)
         if batch.group_size != k:
             raise ValueError(f"rollout stages returned groups of {batch.group_size}, expected rollout.group_size={k}")
-        if batch is not fresh:
-            texts = decode_responses(self.tokenizer, batch.response_ids, batch.mask)
+        texts = (
+            list(gen.texts) if batch is gen.batch else decode_responses(self.tokenizer, batch.response_ids, batch.mask)
+        )
         return self.prepare(batch), texts
 
-    def _score(self, problems: list[Problem], ids: Tensor, mask: Tensor, n: int) -> tuple[Tensor, list[str]]:
-        """Rewards ``[B]`` (NaN where the task could not compute one) and texts of group-major responses, ``n`` per problem."""
-        rewards, texts = score_responses(self.tokenizer, self.task, problems, ids, mask, n)
-        return torch.tensor(rewards, dtype=torch.float32), texts
-
     def _stage_score(self, problems: list[Problem], ids: Tensor, mask: Tensor, n: int) -> Tensor:
-        """A stage's rewards: an unjudged one (NaN) is scored 0 and counted in ``unjudged_stage``."""
-        rewards = self._score(problems, ids, mask, n)[0]
+        """A stage's rewards of group-major responses, ``n`` per problem: an unjudged one (NaN) is scored 0 and
+        counted in ``unjudged_stage``."""
+        rewards = torch.tensor(
+            score_responses(self.tokenizer, self.task, problems, ids, mask, n)[0], dtype=torch.float32
+        )
         bad = ~torch.isfinite(rewards)
         self.stage_unjudged += int(bad.sum())
         return torch.where(bad, torch.zeros(()), rewards)
 
+    def fill(self, batch: RolloutBatch, needs: set[Need] | frozenset[Need], *, lagged: bool = False) -> RolloutBatch:
+        """``batch`` with each need of ``needs`` it lacks filled (table order); one that no filler provides raises,
+        and so does a behaviour need of a batch generated at a lag (``lagged``): the policy is no longer its own."""
+        for need, row in NEEDS.items():
+            if need not in needs or read(batch, need) is not None:
+                continue
+            if row.source is not Source.FILLER:
+                hint = f"; set {' or '.join(row.requires)}" if row.requires else ""
+                raise DomainError(
+                    f"{need}: the method reads it ({row.doc}) but {row.source.value} did not set it{hint}"
+                )
+            if row.behaviour and lagged:
+                raise DomainError(f"{need}: the batch lost it ({row.doc}) after it was generated, at a lag")
+            with torch.no_grad():
+                batch = write(batch, need, self.fillers[need](batch))
+        return batch
+
     def prepare(self, batch: RolloutBatch) -> RolloutBatch:
-        """Fill the fields this step's bundle needs (reference/teacher log-probs), then the advantages."""
+        """Fill the needs of this step's bundle that fillers provide (reference/teacher log-probs, ...), in
+        table order; check the ones the rollout and its stages provide; then the advantages."""
         alg = self.current_algorithm
-        for need in sorted(alg.needs):
-            if getattr(batch, need) is None:
-                with torch.no_grad():
-                    batch = batch.replace(**{need: self.fillers[need](batch)})
+        batch = self.fill(batch, alg.needs, lagged=self.generated is not None and self.generated.lag > 0)
         return batch.replace(advantages=alg.advantage(batch))
 
     # ---------------------------------------------------------------- log-probs + loss
@@ -216,7 +249,7 @@ class Trainer:
         for i, mb in enumerate(parts):
             lm = mb.loss_mask()
             with gradient_sync(self.model, i == len(parts) - 1):  # reduce gradients after the last micro-batch
-                logp, entropy, live = alg.log_probs(self.model, mb, temperature=self.cfg.rollout.temperature)
+                logp, entropy, live = alg.log_probs(self.model, mb, temperature=self.sampling.temperature)
                 tok_loss, diag = alg.token_loss(logp, entropy if alg.wants_entropy else None, mb, live)
                 if not bool(lm.any()):  # every group here unjudged: no loss, but join the gradient all-reduce
                     (tok_loss.sum() * 0.0).backward()
@@ -246,17 +279,19 @@ class Trainer:
         if self.world > 1:
             dist.all_reduce(judged_groups)
         stats: dict[str, Any] = {"loss": None, "entropy": None}  # a step with no judged group: no update
-        logp_gap = grad_norm = None
+        logp_gap = grad_norm = shared = None  # shared: per group, its prompt computed once (the FLOP count)
         for update in range(self.cfg.optim.updates_per_batch if int(judged_groups) else 0):
             self.optimizer.zero_grad(set_to_none=True)
             update_batch = batch
             if alg.before_update is not None:  # e.g. SIS: the effective logp_old of this update
                 seed = update_seed(self.cfg.seed, self.step, update, self.rank)
-                ctx = UpdateContext(self.policy, update, seed, self.cfg.rollout.temperature)
+                ctx = UpdateContext(self.policy, update, seed, self.sampling.temperature)
                 update_batch, hook_state, extra = alg.before_update(batch, hook_state, ctx)
                 for key, value in extra.items():
                     hook_logs.setdefault(key, []).append(float(value))
-            stats = self.accumulate_gradients(update_batch)  # log-probs + loss + backward
+            with recorded_groups() as groups:
+                stats = self.accumulate_gradients(update_batch)  # log-probs + loss + backward
+            shared = groups if shared is None else shared
             average_gradients(module_parameters(alg.modules), self.world)  # DDP/FSDP do not wrap them
             if update == 0:  # on-policy: the engine's behaviour log-probs vs the trainer's recomputation
                 logp_gap = stats.get("logp_gap")
@@ -270,9 +305,14 @@ class Trainer:
             stage.after_update(batch, self.context)
         self.engine.sync_weights(self.policy)
         self.step += 1
-        epochs, ref_forward = self.cfg.optim.updates_per_batch, "logp_ref" in alg.needs  # log
-        flops = step_flops(batch, self.policy_cost, epochs=epochs, ref_forward=ref_forward, world=self.world)
+        self.rollouts.after_step(self.policy, self.step)  # e.g. the asynchronous worker's weights
+        epochs, ref_forward = self.cfg.optim.updates_per_batch, Need.LOGP_REF in alg.needs  # log
+        flops = step_flops(
+            batch, self.policy_cost, epochs=epochs, ref_forward=ref_forward, world=self.world, shared=shared
+        )
         stage_logs = {**self.stage_logs, **({"unjudged_stage": self.stage_unjudged} if self.stage_unjudged else {})}
+        assert self.generated is not None
+        stage_logs |= {"rollout/version": self.generated.version, "rollout/lag": self.generated.lag}
         return step_metrics(
             self.step, batch, stats, logp_gap=logp_gap, grad_norm=grad_norm,
             lr=float(self.scheduler.get_last_lr()[0]), gen_time_s=t_gen, step_time_s=time.perf_counter() - t0, flops=flops,
@@ -289,6 +329,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "val_scores": list(self.val_scores),
             "stages": [s.state_dict() for s in self.stages],
+            "pending": self.rollouts.state_dict(),
         }
 
     def save(self) -> Path | None:
@@ -333,6 +374,7 @@ class Trainer:
         self.val_scores = [float(v) for v in s.get("val_scores", [])]
         for stage, stage_state in zip(self.stages, s.get("stages", []), strict=True):
             stage.load_state_dict(stage_state)
+        self.rollouts.load_state_dict(s.get("pending", []))
         self.engine.sync_weights(self.policy)
         if self.rank == 0:
             checkpoint.truncate_metrics(metrics, self.step)  # drop steps after the checkpoint
@@ -342,7 +384,14 @@ class Trainer:
     def fit(
         self, *, stop_after: int | None = None, on_step: Callable[[dict[str, Any]], None] | None = None
     ) -> list[dict[str, Any]]:
-        """Run until ``optim.steps`` (or ``stop_after`` more steps); checkpoint and log every step."""
+        """Run until ``optim.steps`` (or ``stop_after`` more steps); checkpoint and log every step. The rollout
+        source is closed when it returns or raises (the asynchronous worker stopped)."""
+        try:
+            return self._fit(stop_after, on_step)
+        finally:
+            self.rollouts.close()
+
+    def _fit(self, stop_after: int | None, on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
         history = []
         last = self.cfg.optim.steps if stop_after is None else min(self.cfg.optim.steps, self.step + stop_after)
         every = self.cfg.checkpoint.every
@@ -373,7 +422,7 @@ class Trainer:
         """Held-out metrics of the current policy (see `posttrain.llm.train.evaluate.evaluate`)."""
         from posttrain.llm.train.evaluate import evaluate
 
-        sampling = self.cfg.rollout.sampling()
+        sampling = self.sampling
         return evaluate(
             self.policy, self.tokenizer, self.task, n_prompts=self.cfg.data.eval_prompts,
             n_samples=self.cfg.logging.eval_samples, ks=ks, seed=self.cfg.seed, sampling=sampling,

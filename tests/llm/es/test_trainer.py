@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from posttrain.errors import DomainError
-from posttrain.estimators.es import es_step, evolution_strategy
+from posttrain.estimators import es_step, evolution_strategy
 from posttrain.llm.es.trainer import EsTrainConfig, es_train, generation_fitness, trainable_params
 from posttrain.llm.rollout.tasks import Problem, make_task
 from posttrain.llm.run import grpo_then_es

@@ -95,6 +95,6 @@ def test_compile_decode_reaches_the_engine_from_the_config(tiny: tuple[Any, Any]
     model, tok = tiny
     for value in (False, True):
         cfg = config_from_dict({"rollout": {"compile_decode": value}})
-        engine = ENGINE_FACTORIES["hf"](cfg, model, tok, tiny_dir)
+        engine = ENGINE_FACTORIES["hf"](cfg, cfg.rollout.sampling(), model, tok, tiny_dir)
         assert isinstance(engine, HFEngine) and engine.compile_decode is value
     assert config_from_dict({}).rollout.compile_decode is False

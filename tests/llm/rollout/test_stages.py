@@ -29,10 +29,10 @@ TIME_KEYS = {"step_time_s", "gen_time_s"}
     [
         ({"replay": {"rule": "hdrr"}}, r"rollout\.replay\.rule: unknown name 'hdrr'; valid: drift_only, hdr"),
         ({"replay": {"k_rep": 2, "budget": 3}}, r"rollout\.replay: unknown key\(s\) budget; valid: rule, k_rep"),
-        ({"replay": {"capacity": 0}}, r"rollout\.replay\.capacity: expected a number > 0, got 0"),
-        ({"replay": {"tau": "x"}}, r"rollout\.replay\.tau: expected float, got 'x'"),
+        ({"replay": {"capacity": 0}}, r"rollout\.replay\.capacity: expected an integer in \[1, 65536\], got 0"),
+        ({"replay": {"tau": "x"}}, r"rollout\.replay\.tau: expected a number, got 'x'"),
         ({"branching": {"branches": 8}}, r"rollout\.branching\.branches: expected 1 <= b < rollout\.group_size=8"),
-        ({"branching": {"explore": 2.0}}, r"rollout\.branching\.explore: expected a probability in \[0, 1\]"),
+        ({"branching": {"explore": 2.0}}, r"rollout\.branching\.explore: expected a number in \[0.0, 1.0\], got 2.0"),
         ({"branching": [1]}, r"rollout\.branching: expected a mapping"),
     ],
 )

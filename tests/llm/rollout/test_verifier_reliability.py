@@ -41,7 +41,7 @@ def test_verdict_waits_for_a_worker_instead_of_scoring_zero() -> None:
 
 
 def test_unjudged_verdict_is_nan_never_zero() -> None:
-    verifier = MathVerifier(deadline_s=1.0, workers=1, ready_budget_s=0.01)  # no time to start a worker
+    verifier = MathVerifier(deadline_s=1.0, workers=1, ready_budget_s=0.01, budget_s=0.01)  # no time to start one
     try:
         v = verifier.verdict("\\boxed{3}", "3")
         assert v.status == "unavailable" and not v.judged and math.isnan(v.reward)
@@ -56,7 +56,7 @@ def test_worker_killed_mid_verdict_never_raises() -> None:
     verifier = MathVerifier(deadline_s=3.0, workers=2, ready_budget_s=120.0)
     try:
         verifier.warm_up()
-        serving = verifier._workers[0].proc.pid
+        serving = verifier.pids[0]
 
         def kill_soon() -> None:
             time.sleep(0.5)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.projections import sar_project
+from posttrain.estimators.merging import sar_project
 
 transformers = pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
 pytest.importorskip("safetensors", reason="needs safetensors")

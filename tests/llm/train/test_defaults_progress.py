@@ -7,6 +7,7 @@ SFT losses reported while they run, an ES example config sized for a CPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import shutil
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 from posttrain.errors import DomainError
 from posttrain.llm.config import config_from_dict, config_to_dict, load_config
 from posttrain.llm.rollout.tasks import make_task
+from posttrain.llm.train.rundir import write_checksums
 
 pytest.importorskip("transformers", reason="needs the [llm] extra (transformers)")
 
@@ -35,6 +37,7 @@ def _run_dir(tmp_path: Path, tiny_dir: Path) -> Path:
                             "rollout": {"max_new_tokens": 2}})  # fmt: skip
     (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     shutil.copytree(tiny_dir, run / "initial")
+    write_checksums(run / "initial")  # as a run writes it: eval verifies what a run wrote
     return run
 
 
@@ -143,3 +146,14 @@ def test_es_command_reports_every_step(tmp_path: Path) -> None:
     rows = [json.loads(ln) for ln in (tmp_path / "es" / "es_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert "es 2/2" in result.output  # the progress line's last state
+    if importlib.util.find_spec("matplotlib") is not None:
+        from posttrain.llm.train.curves import curve_points
+
+        assert (tmp_path / "es" / "curves.png").is_file()
+        assert "ES population reward" in curve_points(tmp_path / "es")
+
+
+def test_smollm2_example_saves_checkpoints_a_killed_run_can_be_evaluated_from() -> None:
+    cfg = load_config(EXAMPLES / "smollm2_cpu.yaml")
+    assert 0 < cfg.checkpoint.every < cfg.optim.steps  # a run killed midway leaves a checkpoint
+    assert cfg.optim.steps % cfg.checkpoint.every == 0  # and the last step is one of them

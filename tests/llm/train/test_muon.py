@@ -95,12 +95,20 @@ def test_trainer_runs_and_resumes_with_muon(tmp_path) -> None:  # type: ignore[n
     assert rows(tmp_path / "full")[-1] == rows(tmp_path / "part")[-1]
 
 
-def test_config_names_exactly_the_model_built_optimizers() -> None:
-    """``optim.name`` validation (config) and construction (train.optim) know the same model-built optimizers."""
-    from posttrain.llm.config import MODEL_OPTIMIZERS as NAMES
-    from posttrain.llm.train.optim import MODEL_OPTIMIZERS
+def test_config_reads_the_one_optimizer_table() -> None:
+    """``optim.name`` is checked against `optimizer_names` (torch's and the model-built ones) and the options
+    against the class's annotated signature: the config keeps no list of its own."""
+    from posttrain.errors import DomainError
+    from posttrain.llm.config import config_from_dict
+    from posttrain.llm.train.optim import MODEL_OPTIMIZERS, optimizer_names
 
-    assert sorted(NAMES) == sorted(MODEL_OPTIMIZERS)
+    assert set(MODEL_OPTIMIZERS) <= set(optimizer_names()) and "AdamW" in optimizer_names()
+    for name in MODEL_OPTIMIZERS:
+        assert config_from_dict({"optim": {"name": name}}).optim.name == name
+    with pytest.raises(DomainError, match=r"^optim\.options\.ns_steps: expected an integer in \[1, 100\], got 0$"):
+        config_from_dict({"optim": {"name": "MuonWithAdamW", "options": {"ns_steps": 0}}})
+    with pytest.raises(DomainError, match=r"^optim\.options\.compute_dtype: not settable"):
+        config_from_dict({"optim": {"name": "MuonWithAdamW", "options": {"compute_dtype": "float32"}}})
 
 
 @pytest.mark.parametrize("scale", ["original", "match_rms_adamw"])

@@ -48,7 +48,7 @@ def _global_batch_and_grads(
     with ``kl``, GRPO + k3 KL to a reference model placed like the policy (sharded under FSDP2)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from posttrain.llm.run import _logp_filler
+    from posttrain.llm.methods.needs import logp_filler
     from posttrain.llm.train.parallel import full_tensor, is_sharded, wrap_model
     from posttrain.llm.train.trainer import Trainer
 
@@ -68,11 +68,11 @@ def _global_batch_and_grads(
     if kl:
         ref = _reference(tiny_dir, strategy)
         assert is_sharded(ref) == (strategy == "fsdp" and world > 1)
-        fillers["logp_ref"] = _logp_filler(ref, 1.0)
+        fillers["logp_ref"] = logp_filler(ref, 1.0)
     wrapped = wrap_model(model, strategy) if world > 1 else model
     trainer = Trainer(
         cfg, model=wrapped, tokenizer=tok, task=TableTask(), engine=FixedEngine(model, RESPONSES), algorithm=alg,
-        fillers=fillers,
+        sampling=cfg.rollout.sampling(), fillers=fillers,
     )  # fmt: skip
     trainer.rank, trainer.world = 0, 1  # the fixed engine returns the global batch; this rank keeps its groups below
     batch, _ = trainer.rollout()

@@ -90,7 +90,7 @@ def test_resume_refuses_changed_settings_and_records_allowed_ones(tmp_path: Path
 def test_torn_metrics_line_is_dropped_with_a_warning_and_rewrite_is_atomic(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')
-    with pytest.warns(RunDirWarning, match="1 unreadable line"):
+    with pytest.warns(RunDirWarning, match=r"set aside 1 line\(s\)"):
         truncate_metrics(path, 2)
     assert [json.loads(ln)["step"] for ln in path.read_text().splitlines()] == [1, 2]
     truncate_metrics(path, 0)
@@ -116,15 +116,17 @@ def _flip(path: Path, n: int = 4) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "flip-and-remove-manifest"])
 def test_corrupt_checkpoint_falls_back_to_the_newest_intact_one(tmp_path: Path, damage: str) -> None:
     run = tmp_path / "run"
     build_trainer(_cfg(optim__steps=3, checkpoint__keep=3), run).fit()
     reference = build_trainer(_cfg(optim__steps=3, checkpoint__keep=3), tmp_path / "ref")
     reference.fit(stop_after=2)  # the weights of step 2, for comparison
     weights = run / "checkpoints" / "step_000003" / "model" / "model.safetensors"
-    if damage == "flip":
+    if damage.startswith("flip"):
         _flip(weights)
+        if damage.endswith("manifest"):  # a checkpoint that cannot be verified is not trusted
+            (weights.parents[1] / rundir.CHECKSUMS).unlink()
     else:
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert verify_checksums(run / "checkpoints" / "step_000003") is not None

@@ -62,25 +62,53 @@ def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         )
     )
     (tmp_path / "trl_broken_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "trl_marked_mod.py").write_text(
+        f"from pathlib import Path\nPath({str(tmp_path / 'imported')!r}).write_text('yes')\n"
+        "def f(prompts, completions, **kwargs):\n    raise ValueError('reward exploded')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     return name
 
 
 # ------------------------------------------------------------------ 1. custom reward function
+@pytest.mark.parametrize("spec", ["no_colon", "mod:", ":f", "my mod:f", "mod:f:g", "1mod:f"])
+def test_reward_spec_form_fails_at_load_naming_the_key(spec: str) -> None:
+    with pytest.raises(DomainError, match=r"^data\.reward: expected 'package\.module:function'"):
+        config_from_dict(_raw(data__reward=spec))
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("no_colon", "expected 'module:function'"),
         ("trl_no_such_module_xyz:f", "cannot import module"),
         ("trl_broken_mod:f", "boom at import"),
         ("{mod}:missing", "has no attribute"),
         ("{mod}:NOT_CALLABLE", "not callable"),
         ("{mod}:no_kwargs", "TRL's reward signature"),
+        ("trl_marked_mod:f", "raised ValueError: reward exploded"),
     ],
 )
-def test_bad_reward_function_fails_at_load_naming_the_key(reward_module: str, spec: str, message: str) -> None:
+def test_bad_reward_function_fails_when_training_builds_the_task(
+    reward_module: str, spec: str, message: str, tmp_path: Path
+) -> None:
+    """The module is imported (and the function tried once) when training builds the task, not at load; a failure
+    there names data.reward and leaves the run directory untouched."""
+    from posttrain.llm.run import build_trainer
+
+    cfg = config_from_dict(_raw(data__reward=spec.format(mod=reward_module)))  # the form only: no import
     with pytest.raises(DomainError, match=rf"^data\.reward: .*{message}"):
-        config_from_dict(_raw(data__reward=spec.format(mod=reward_module)))
+        build_trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_loading_a_config_does_not_import_its_reward_module(reward_module: str, tmp_path: Path) -> None:
+    """Loading (also what ``--resume`` and ``posttrain eval`` do with a run's config) runs none of the module's code."""
+    from posttrain.llm.config import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("data: {task: addition, reward: trl_marked_mod:f}\n")
+    assert load_config(path).data.reward == "trl_marked_mod:f"
+    assert not (tmp_path / "imported").exists()
 
 
 def test_reward_function_gets_trl_arguments_and_none_is_unjudged(reward_module: str) -> None:
@@ -227,7 +255,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradient(tiny: tuple[Any
 # ------------------------------------------------------------------ 4. LoRA through peft
 def test_lora_bad_values_fail_at_load_naming_the_key() -> None:
     for lora, message in (
-        ({"r": 0}, r"model\.lora\.r: expected a rank"),
+        ({"r": 0}, r"model\.lora\.r: expected an integer in \[1, 16384\], got 0"),
         ({"dropout": 1.0}, r"model\.lora\.dropout"),
         ({"save": "full"}, r"model\.lora\.save: unknown name 'full'"),
         ({"rank": 4}, r"model\.lora: unknown key\(s\) rank"),

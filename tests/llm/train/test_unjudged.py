@@ -48,7 +48,7 @@ def _trainer(tiny: tuple[Any, Any]) -> Trainer:
     )  # fmt: skip
     alg = build_algorithm(method="grpo", horizon=8)
     return Trainer(cfg, model=model, tokenizer=tok, task=HalfJudgedTask(), engine=FixedEngine(model, RESPONSES),
-                   algorithm=alg)  # fmt: skip
+                   algorithm=alg, sampling=cfg.rollout.sampling())  # fmt: skip
 
 
 def _grads(model: Any) -> list[torch.Tensor]:
