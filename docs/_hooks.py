@@ -4,10 +4,14 @@
   (type, default, description from the dataclasses; valid names read from the validator);
 - ``reference/cli.md``: every ``posttrain`` command with its arguments and options (the typer app);
 - ``reference/api/*.md``: one page per subpackage, one mkdocstrings block per module found on disk;
-- ``<!-- checks: ID -->`` in a page: the verdict table and plot of check ID from the last full run
-  (``docs/paper_checks/results.json`` and ``docs/paper_checks/check_ID.png``, written by
-  ``posttrain check --out docs/checks``); "no full run recorded" when absent;
-- ``<!-- checks-overview -->``: the table of every recorded check.
+- ``<!-- checks: ID -->`` in a page: the verdict, primary endpoint, tables, mutants and plot of check
+  ID from the last full run (``docs/paper_checks/results.json``, ``mutants.json`` and
+  ``check_ID.png``, stored by ``posttrain check --out reports --mutants --update-readme``), written
+  by the same formatter as ``report.md`` (`posttrain.paper_checks.report.check_markdown`); "no
+  full run recorded" when absent;
+- ``<!-- checks-overview -->``: the table of every recorded check;
+- ``<!-- paper-functions: ID -->`` in a page: the functions of paper ID with their modules and
+  summaries, from the paper table `posttrain.papers.PAPERS`.
 
 Pages named in the nav but missing (written by another change) get a short placeholder.
 """
@@ -15,10 +19,9 @@ Pages named in the nav but missing (written by another change) get a short place
 from __future__ import annotations
 
 import dataclasses
-import html
+import enum
 import json
 import logging
-import math
 import re
 import types
 import typing
@@ -38,6 +41,7 @@ _API_TOP = [
     ("theory", "Theory", "posttrain.theory", True),
     ("simulators", "Simulators", "posttrain.simulators", True),
     ("paper_checks", "Paper checks", "posttrain.paper_checks", False),
+    ("arena", "Arena: judge your own estimator", "posttrain.arena", False),
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -79,8 +83,9 @@ def _modules(dotted: str, recurse: bool) -> list[str]:
         if path.name.startswith("_"):
             continue
         out.append(f"{dotted}.{path.stem}")
-    if recurse:
+    if recurse:  # a subpackage: its own docstring (its table of modules), then its modules
         for sub in sorted(p for p in folder.iterdir() if (p / "__init__.py").exists() and not p.name.startswith("_")):
+            out.append(f"{dotted}.{sub.name}")
             out.extend(_modules(f"{dotted}.{sub.name}", True))
     return out
 
@@ -104,7 +109,10 @@ def _api_markdown(title: str, package: str, modules: list[str]) -> str:
     lines = [f"# {title}", "", "Generated from the docstrings of the modules in this package.", ""]
     lines += [f"::: {package}", "    options:", "      members: false", "      show_root_heading: false", ""]
     for mod in modules:
-        lines += [f"::: {mod}", ""]
+        if ROOT.joinpath(*mod.split("."), "__init__.py").exists():  # a package re-exports: its docstring only
+            lines += [f"::: {mod}", "    options:", "      members: false", ""]
+        else:
+            lines += [f"::: {mod}", ""]
     return "\n".join(lines)
 
 
@@ -128,9 +136,52 @@ def _api_index(pages: list[tuple[str, str, str, list[str]]]) -> str:
 
 
 def _type_name(tp: Any) -> str:
-    text = tp if isinstance(tp, str) else getattr(tp, "__name__", None) or repr(tp)
-    text = str(text).replace("typing.", "").replace("posttrain.llm.config.", "")
-    return text
+    """An annotation without its limits, as text (``int``, ``str | None``, ``list[float]``)."""
+    from posttrain.llm.typed import type_text
+
+    base, _ = _limits(tp)
+    args = [a for a in typing.get_args(base) if a is not type(None)]
+    if typing.get_origin(base) in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args]
+        return " | ".join([*names, "None"] if type(None) in typing.get_args(base) else names)
+    if typing.get_origin(base) is typing.Literal:
+        return "str"
+    text = type_text(base) if not typing.get_args(base) else str(base)
+    return text.replace("typing.", "").replace("collections.abc.", "")
+
+
+def _limits(tp: Any) -> tuple[Any, list[Any]]:
+    """``(annotation without Annotated, its metadata)``; the metadata of ``Annotated[T, ...] | None`` too."""
+    if typing.get_origin(tp) is typing.Annotated:
+        base, *meta = typing.get_args(tp)
+        return base, list(meta)
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1 and typing.get_origin(inner[0]) is typing.Annotated:
+            base, meta = _limits(inner[0])
+            return base | None, meta
+    return tp, []
+
+
+def _accepts(tp: Any) -> str:
+    """What the validator accepts for ``tp``, read from its annotation: a range, or the valid names."""
+    from posttrain.llm.typed import OneOf, Range
+
+    base, meta = _limits(tp)
+    parts = []
+    for m in meta:
+        if isinstance(m, Range):
+            parts.append(m.text("an integer" if _type_name(base).startswith("int") else "a number"))
+        elif isinstance(m, OneOf):
+            parts.append("one of: " + ", ".join(f"`{v}`" for v in m.valid()))
+    inner = [a for a in (typing.get_args(base) or (base,)) if a is not type(None)]
+    for a in inner:
+        if typing.get_origin(a) is typing.Literal:
+            parts.append("one of: " + ", ".join(f"`{v}`" for v in typing.get_args(a)))
+        elif isinstance(a, type) and issubclass(a, enum.Enum):
+            parts.append("one of: " + ", ".join(f"`{m.value}`" for m in a))
+    return "; ".join(parts)
 
 
 def _attribute_docs(cls: type) -> dict[str, str]:
@@ -178,37 +229,22 @@ def _default_text(f: dataclasses.Field) -> str:  # type: ignore[type-arg]
     return f"`{value}`"
 
 
-def _valid_names(path: tuple[str, ...]) -> str:
-    """The names the validator accepts at ``path``, read from its error message for a bogus value."""
-    from posttrain.errors import PosttrainError
-    from posttrain.llm.config import config_from_dict
-
-    raw: dict[str, Any] = {}
-    node = raw
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-    node[path[-1]] = "__no_such_name__"
-    try:
-        config_from_dict(raw)
-    except PosttrainError as exc:
-        msg = str(exc)
-        if msg.startswith(".".join(path)) and "valid:" in msg:
-            return msg.split("valid:", 1)[1].strip()
-    except Exception:  # a reference page must not fail the build on a validator change
-        return ""
-    return ""
-
-
 def _config_markdown() -> str:
     from posttrain.llm import config as cfgmod
 
     lines = [
         "# Configuration reference",
         "",
-        "Generated at build time from the dataclasses in `posttrain.llm.config`. A run config is a YAML",
+        "Generated at build time from the dataclasses in `posttrain.llm.config.schema` (each key's type and",
+        "the limits its annotation declares, read by `posttrain.llm.typed`). A run config is a YAML",
         "mapping of these sections; every key is optional and unknown keys fail at load with the list of",
         "valid ones. Override any key on the command line with `--set section.key=value`",
-        "(e.g. `posttrain train run.yaml --set optim.lr=1e-4 --set algorithm.kl=null`).",
+        "(e.g. `posttrain train run.yaml --set optim.lr=1e-4 --set algorithm.kl=null`). Every check runs when the",
+        "config loads, before a model is built or the run directory is touched: a bad value ends in one line",
+        "naming its key and exit code 2. The option mappings are checked against what they configure:",
+        "`data.options` against the task (its dataclass and the limits below), `optim.options` against the",
+        "optimizer's keyword parameters, `algorithm.options` against the method's options class, and",
+        "`algorithm.loss_options` / `advantage_options` against the estimator (its signature and its own checks).",
         "",
         "```yaml",
         "seed: 0",
@@ -223,7 +259,7 @@ def _config_markdown() -> str:
     root = cfgmod.RunConfig
 
     def section(cls: type, path: tuple[str, ...], optional: bool) -> None:
-        hints = typing.get_type_hints(cls, vars(cfgmod))
+        hints = typing.get_type_hints(cls, include_extras=True)
         docs = _attribute_docs(cls)
         title = ".".join(path) if path else "top level"
         lines.append(f"## `{title}`" if path else "## Top level")
@@ -235,7 +271,7 @@ def _config_markdown() -> str:
             rest = cls.__doc__.split("\n\n")[1:]
             if rest:
                 lines.extend([md_text(" ".join(" ".join(rest).split())), ""])
-        lines.extend(["| key | type | default | description |", "| --- | --- | --- | --- |"])
+        lines.extend(["| key | type | accepts | default | description |", "| --- | --- | --- | --- | --- |"])
         subsections = []
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
@@ -243,24 +279,52 @@ def _config_markdown() -> str:
             if sub is not None:
                 subsections.append((f.name, sub, _default_text(f) == "`null`"))
                 lines.append(
-                    f"| `{f.name}` | section | {_default_text(f)} | see [`{'.'.join((*path, f.name))}`](#{_anchor((*path, f.name))}) |"
+                    f"| `{f.name}` | section | | {_default_text(f)} | see [`{'.'.join((*path, f.name))}`](#{_anchor((*path, f.name))}) |"
                 )
                 continue
             desc = docs.get(f.name, "")
-            if tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)):
-                valid = _valid_names((*path, f.name))
-                if valid:
-                    desc = (
-                        desc + " " if desc else ""
-                    ) + f"One of: {', '.join(f'`{v.strip()}`' for v in valid.split(','))}."
-            lines.append(f"| `{f.name}` | `{_type_name(tp)}` | {_default_text(f)} | {_cell(desc)} |")
+            row = f"| `{f.name}` | `{_type_name(tp)}` | {_cell(_accepts(tp))} | {_default_text(f)} | {_cell(desc)} |"
+            lines.append(row)
         lines.append("")
         for name, sub, opt in subsections:
             section(sub, (*path, name), opt)
 
     section(root, (), False)
+    lines += _task_limits_table()
+    lines += _needs_table()
     lines += _methods_table()
     return "\n".join(lines) + "\n"
+
+
+def _task_limits_table() -> list[str]:
+    """The limits of the built-in tasks' options (`posttrain.llm.config.targets.TASK_LIMITS`)."""
+    from posttrain.llm.config.targets import TASK_LIMITS
+
+    out = ["## Task option limits", "", "| task | option | accepts |", "| --- | --- | --- |"]
+    for task, limits in TASK_LIMITS.items():
+        for key, meta in limits.fields.items():
+            text = meta.text("an integer") if hasattr(meta, "text") else "one of: " + ", ".join(meta.valid())
+            out.append(f"| `{task}` | `{key}` | {_cell(text)} |")
+    return [*out, ""]
+
+
+def _needs_table() -> list[str]:
+    """`posttrain.llm.methods.needs.NEEDS`: what a method may read from a batch, who provides it, what it requires."""
+    from posttrain.llm.methods.needs import NEEDS
+
+    out = [
+        "## Batch inputs a method reads (needs)",
+        "",
+        "A method declares what it reads from a rollout batch; this table says who provides each and which",
+        "config key it requires (checked at load). Generated from `posttrain.llm.methods.needs.NEEDS`.",
+        "",
+        "| need | shape | provided by | requires | what |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for need, row in NEEDS.items():
+        requires = " or ".join(f"`{k}`" for k in row.requires) or "-"
+        out.append(f"| `{need}` | `[{row.shape.replace(' ', ', ')}]` | {row.source.value} | {requires} | {_cell(row.doc)} |")
+    return [*out, ""]
 
 
 def _anchor(path: tuple[str, ...]) -> str:
@@ -325,6 +389,15 @@ def _method_parts(obj: Any) -> str:
             if opts:
                 text += f", {attr} `{json.dumps(opts, default=str)}`"
         return text
+    options = getattr(obj, "options", None)
+    if isinstance(options, type) and dataclasses.is_dataclass(options):  # a bundle's typed options class
+        hints = typing.get_type_hints(options, include_extras=True)
+        shown = []
+        for f in dataclasses.fields(options):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            accepts = _accepts(hints[f.name])
+            shown.append(f"`{f.name}={getattr(default, 'value', default)!r}`" + (f" ({accepts})" if accepts else ""))
+        return f"bundle; options (`{options.__name__}`): " + (", ".join(shown) if shown else "none")
     factory = getattr(obj, "factory", None)
     if factory is None:
         return ""
@@ -414,14 +487,14 @@ def _cli_markdown() -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def _results() -> dict[str, Any] | None:
-    path = CHECKS_DIR / "results.json"
+def _stored(name: str) -> dict[str, Any] | None:
+    path = CHECKS_DIR / name
     if not path.exists():
         return None
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        log.warning("docs/paper_checks/results.json is not valid JSON: %s", exc)
+        log.warning("docs/paper_checks/%s is not valid JSON: %s", name, exc)
         return None
 
 
@@ -431,103 +504,6 @@ def _ids_matching(checks: list[dict[str, Any]], wanted: str) -> list[dict[str, A
         for c in checks
         if c.get("id") == wanted or (str(c.get("id", "")).startswith(wanted) and str(c["id"])[len(wanted) :].isalpha())
     ]
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, bool):
-        return str(x)
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return html.escape(str(x))
-    if not math.isfinite(v):
-        return "nan"
-    return f"{v:.{digits}g}"
-
-
-def _interval(row: dict[str, Any]) -> str:
-    mean = row.get("mean")
-    lo, hi = row.get("ci_low"), row.get("ci_high")
-    if row.get("n", 0) <= 1 or row.get("kind") == "exact" or lo is None or hi is None:
-        return _fmt(mean)
-    return f"{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]"
-
-
-def _status(c: dict[str, Any]) -> str:
-    passed = c.get("passed")
-    if c.get("asserted", True):
-        return "pass" if passed else "**FAIL**"
-    return "reported: would pass" if passed else "reported: would fail"
-
-
-def _margin(c: dict[str, Any]) -> str:
-    bound = f"> {_fmt(c.get('margin'))}"
-    kind = c.get("kind", "mean")
-    if kind == "fraction" or c.get("min_seeds") is not None or c.get("every_seed"):
-        need = c.get("required", c.get("min_seeds"))
-        n = c.get("n")
-        need_text = f"{need}/{n}" if need is not None and (n is None or need <= n) else f"(impossible at n = {n})"
-        return f"{bound} in ≥ {need_text} seeds"
-    if kind == "exact":
-        return f"exact {bound}"
-    return f"mean {bound}"
-
-
-def _seeds_text(c: dict[str, Any]) -> str:
-    return f"{c['count']}/{c['n']}" if c.get("count") is not None and c.get("n") else "–"
-
-
-def _p_text(c: dict[str, Any]) -> str:
-    if c.get("kind") == "exact" or c.get("n", 0) <= 1:
-        return "–"
-    return _fmt(c.get("p", c.get("sign_p")), 3)
-
-
-def _check_block(c: dict[str, Any], mode: str, page_depth: int) -> list[str]:
-    cid = c.get("id", "?")
-    out = [f"**Check {cid}.** {_cell(c.get('claim', ''))}", ""]
-    out += [
-        f"Verdict of the last {mode} run ({c.get('seeds')} seeds, {_fmt(c.get('wall_time_s'), 3)} s): **{c.get('verdict', '?')}**",
-        "",
-    ]
-    if c.get("reported_claim"):
-        out += [f"Reported, not asserted: {_cell(c['reported_claim'])}", ""]
-    if c.get("error"):
-        out += ["```text", str(c["error"]), "```", ""]
-        return out
-    if c.get("metrics"):
-        out += ["| quantity | mean [95% CI] | paper |", "| --- | --- | --- |"]
-        out += [f"| {_cell(m.get('name', ''))} | {_interval(m)} | {_fmt(m.get('paper_value'))} |" for m in c["metrics"]]
-        out.append("")
-    if c.get("comparisons"):
-        out += [
-            "| Δ criterion | rule | mean [95% CI] | seeds > margin | p (one-sided) | paper | status |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for k in c["comparisons"]:
-            out.append(
-                f"| {_cell(k.get('name', ''))} | {_margin(k)} | {_interval(k)} | {_seeds_text(k)} | {_p_text(k)} | "
-                f"{_fmt(k.get('paper_value'))} | {_status(k)} |"
-            )
-        out.append("")
-    reasons = [
-        f"- {_cell(k.get('name', ''))}: {_cell(k.get('margin_reason', ''))}"
-        for k in c.get("comparisons", [])
-        if k.get("margin_reason")
-    ]
-    if reasons:
-        out += ['??? note "Why these margins"', "", *("    " + r for r in reasons), ""]
-    if c.get("notes"):
-        out += [_cell(str(c["notes"])), ""]
-    png = CHECKS_DIR / f"check_{cid}.png"
-    if png.exists():
-        out += [
-            f"![check {cid}: metrics, per-seed differences and curves]({'../' * page_depth}paper_checks/check_{cid}.png)",
-            "",
-        ]
-    return out
 
 
 def _check_doc_markdown(wanted: str) -> str:
@@ -556,31 +532,45 @@ def _check_doc_markdown(wanted: str) -> str:
 
 
 def _checks_markdown(wanted: str, page_depth: int) -> str:
-    data = _results()
+    """The recorded verdict of check(s) ``wanted``: the same section as ``report.md`` (one formatter), with mutants."""
+    from posttrain.paper_checks.markdown import check_markdown
+
+    data = _stored("results.json")
     if data is None:
-        return f"*No full run recorded* for check {wanted}: the full run `posttrain check --out docs/checks` records every check.\n"
+        return f"*No full run recorded* for check {wanted}: `posttrain check --out reports --update-readme` records every check.\n"
     hits = _ids_matching(list(data.get("checks", [])), wanted)
     if not hits:
         return f"*No full run recorded* for check {wanted} in `docs/paper_checks/results.json`.\n"
-    mode = data.get("mode", "full")
-    lines: list[str] = []
+    mutants = list((_stored("mutants.json") or {}).get("mutants", []))
+    lines = [f"Last recorded run: {data.get('mode', 'full')} mode.", ""]
     for c in hits:
-        lines += _check_block(c, mode, page_depth)
+        png = CHECKS_DIR / f"check_{c['id']}.png"
+        image = f"{'../' * page_depth}paper_checks/check_{c['id']}.png" if png.exists() else None
+        own = [m for m in mutants if m.get("id") == c["id"]]
+        lines += check_markdown(c, image=image, mutants=own, heading="")
     return "\n".join(lines)
 
 
 def _overview_markdown() -> str:
-    data = _results()
+    from posttrain.paper_checks.readme_table import mutant_status
+    from posttrain.paper_checks.report import primary_text
+
+    data = _stored("results.json")
     if data is None:
-        return "*No full run recorded*: `posttrain check --out docs/checks` writes the results this table shows.\n"
+        return "*No full run recorded*: `posttrain check --out reports --update-readme` writes the results this table shows.\n"
+    stored = _stored("mutants.json")
+    mutants = None if stored is None else list(stored.get("mutants", []))
     lines = [
         f"Last recorded run: {data.get('mode', 'full')} mode.",
         "",
-        "| check | claim | verdict | seeds |",
-        "| --- | --- | --- | --- |",
+        "| check | claim | verdict | primary endpoint | can it fail | seeds |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for c in data.get("checks", []):
-        lines.append(f"| {c.get('id')} | {_cell(c.get('claim', ''))} | {c.get('verdict')} | {c.get('seeds')} |")
+        lines.append(
+            f"| {c.get('id')} | {_cell(c.get('claim', ''))} | {c.get('verdict')} | {_cell(primary_text(c))} | "
+            f"{_cell(mutant_status(c['id'], mutants))} | {c.get('seeds')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -641,8 +631,28 @@ def on_files(files: Any, config: Any) -> Any:
     return files
 
 
+_PAPER_MARK = re.compile(r"<!--\s*paper-functions:\s*([0-9]{2}|core)\s*-->")
+
+
+def _paper_functions_markdown(paper_id: str) -> str:
+    """The estimator functions of one paper from `posttrain.papers.PAPERS`: function, module, summary."""
+    from posttrain.papers import paper, resolve
+
+    p = paper(paper_id)
+    lines = ["| function | module | summary |", "| --- | --- | --- |"]
+    for entry in p.estimators:
+        module, _, name = entry.partition(":")
+        doc = (getattr(resolve(entry), "__doc__", None) or "").strip()
+        summary = " ".join(doc.split("\n\n", 1)[0].split())
+        lines.append(f"| `{name}` | `posttrain.estimators.{module}` | {_cell(summary)} |")
+    if p.elsewhere:
+        lines += ["", "Elsewhere: " + ", ".join(f"`posttrain.{e.replace(':', '.')}`" for e in p.elsewhere) + "."]
+    return "\n".join(lines) if p.estimators else "\n".join(lines[3:]).strip()
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     depth = page.file.src_uri.count("/")
+    markdown = _PAPER_MARK.sub(lambda m: _paper_functions_markdown(m.group(1)), markdown)
     markdown = _CHECK_MARK.sub(lambda m: _checks_markdown(m.group(1), depth), markdown)
     markdown = _CHECK_DOC_MARK.sub(lambda m: _check_doc_markdown(m.group(1)), markdown)
     if "<!-- checks-overview -->" in markdown:

@@ -21,6 +21,8 @@ try:
 except ModuleNotFoundError as _exc:  # the [cli] extra is not installed: one line, no traceback
     raise SystemExit(missing_extra_message(_exc) or str(_exc)) from None
 
+from posttrain.paper_checks.cli import OPTIONS as CHECK_OPTIONS
+
 app = typer.Typer(
     name="posttrain",
     help="LLM post-training methods: estimators, toy paper checks, and an LLM trainer.",
@@ -48,11 +50,16 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        False, "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error instead of one line."),
+    debug: bool = typer.Option(
+        False, "--debug", metavar="", help="Show the full traceback of an error instead of one line."
+    ),
 ) -> None:
-    """LLM post-training methods: estimators, toy paper checks, and an LLM trainer."""
+    """LLM post-training methods: estimators, toy paper checks, and an LLM trainer.
+
+    A flag's ``metavar=""`` keeps typer's help from showing it as an option that takes a value (``<bool>``).
+    """
     _STATE["debug"] = debug
 
 
@@ -83,7 +90,7 @@ def bad_input_exits(fn: F) -> F:
 REGISTERING_MODULES = [
     "posttrain.estimators",
     "posttrain.estimators.optim",
-    "posttrain.estimators.projections",
+    "posttrain.estimators.merging",
     "posttrain.paper_checks",
 ]
 
@@ -98,17 +105,32 @@ def load_registries() -> None:
 
 
 @app.command("list")
-def list_registered(kind: str = typer.Argument(None, help="Only this registry (e.g. advantage).")) -> None:
-    """List every registered estimator (and check) with its one-line summary and paper."""
+@bad_input_exits
+def list_registered(
+    kind: str = typer.Argument(None, help="Only this registry (e.g. advantage), or 'paper' for the paper table."),
+    paper_id: str = typer.Option(None, "--paper", help="The functions of one paper (e.g. 16, or core)."),
+) -> None:
+    """List every registered estimator (and check) with its one-line summary and paper.
+
+    'posttrain list paper' prints the paper table (each paper and the functions that implement it),
+    'posttrain list --paper 16' one paper's functions, modules and entry points.
+    """
     from rich.text import Text
 
     from posttrain.registry import REGISTRIES
 
+    if paper_id is not None:
+        _print_paper(paper_id)
+        return
+    if kind == "paper":
+        _print_papers()
+        return
     load_registries()
     kinds = [kind] if kind else sorted(REGISTRIES)
     for k in kinds:
         if k not in REGISTRIES:
-            raise typer.BadParameter(f"unknown registry {k!r}; valid: {', '.join(sorted(REGISTRIES))}")
+            valid = ", ".join(sorted(REGISTRIES))
+            raise typer.BadParameter(f"unknown registry {k!r}; valid: {valid} (or 'paper' for the paper table)")
         reg = REGISTRIES[k]
         table = Table(title=f"{k} ({len(reg)})", show_lines=False)
         table.add_column("name", style="bold")
@@ -117,6 +139,56 @@ def list_registered(kind: str = typer.Argument(None, help="Only this registry (e
         for e in reg:
             table.add_row(e.name, Text(plain_summary(e)), Text(e.paper))
         console.print(table)
+
+
+def _print_papers() -> None:
+    """The paper table: id, title, arXiv ids, estimator functions, checks, docs page."""
+    from rich.text import Text
+
+    from posttrain.papers import PAPERS
+
+    table = Table(title=f"papers ({len(PAPERS)}; `posttrain list --paper ID` for one)", show_lines=False)
+    for column in ("id", "title", "arXiv", "estimators", "elsewhere", "checks"):
+        table.add_column(column, overflow="fold", style="bold" if column == "id" else None)
+    for p in PAPERS:
+        table.add_row(
+            p.id,
+            Text(p.title),
+            Text(", ".join(p.arxiv)),
+            Text(", ".join(p.functions())),
+            Text(", ".join(p.elsewhere)),
+            ", ".join(p.checks),
+        )
+    console.print(table)
+
+
+def _print_paper(paper_id: str) -> None:
+    """One paper: each estimator function with its module and summary, then the other entry points."""
+    from rich.text import Text
+
+    from posttrain.papers import paper, resolve
+
+    p = paper(paper_id)
+    arxiv = ", ".join(f"arXiv:{a}" for a in p.arxiv)
+    table = Table(title=f"{p.id}: {p.title} ({arxiv})", show_lines=False)
+    table.add_column("function", style="bold")
+    table.add_column("module", style="dim")
+    table.add_column("summary", overflow="fold")
+    for entry in p.estimators:
+        module, _, name = entry.partition(":")
+        table.add_row(name, f"posttrain.estimators.{module}", Text(_summary(resolve(entry))))
+    console.print(table)
+    for label, values in (("elsewhere", p.elsewhere), ("checks", p.checks), ("docs", (p.page,) if p.page else ())):
+        if values:
+            console.print(f"{label}: " + ", ".join(values), highlight=False, soft_wrap=True)
+
+
+def _summary(obj: object) -> str:
+    """An object's docstring summary as `plain_summary` prints a registry entry."""
+    from posttrain.registry import Entry
+
+    doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+    return plain_summary(Entry("", obj, doc[0] if doc else "", ""))
 
 
 _MATH_SPAN = re.compile(r":math:`([^`]*)`|\$\$?([^$]+)\$\$?")
@@ -178,34 +250,31 @@ def plain_summary(entry: Any, width: int = 160) -> str:
 @app.command("check")
 def check(
     ids: list[str] = typer.Argument(None, help="Check ids to run (default: all); '20' also runs 20a, 20b, ..."),
-    smoke: bool = typer.Option(False, "--smoke", help="Run the small smoke variant of each check."),
-    seeds: int = typer.Option(None, "--seeds", help="Override the number of seeds."),
-    out: str = typer.Option(None, "--out", help="Directory for report.md, results.json and PNG plots."),
-    json_out: bool = typer.Option(False, "--json", help="Print results as JSON."),
-    strict: bool = typer.Option(False, "--strict", help="Also exit non-zero when a claim is not reproduced."),
-    stability: bool = typer.Option(False, "--stability", help="Also rerun each check at twice its seeds; list flips."),
+    smoke: bool = CHECK_OPTIONS["smoke"],
+    seeds: int = CHECK_OPTIONS["seeds"],
+    out: str = CHECK_OPTIONS["out"],
+    json_out: bool = CHECK_OPTIONS["json_out"],
+    strict: bool = CHECK_OPTIONS["strict"],
+    stability: bool = CHECK_OPTIONS["stability"],
+    tables: bool = CHECK_OPTIONS["tables"],
+    mutant: str = CHECK_OPTIONS["mutant"],
+    mutants: bool = CHECK_OPTIONS["mutants"],
     update_readme: bool = typer.Option(
-        False, "--update-readme", help="After a full run with --out, rewrite the README method table's status column."
+        False, "--update-readme", help="After a full run with --out, rewrite the README method table from it."
     ),
 ) -> None:
-    """Run the paper checks and print a verdict per claim (exit 1 if a check raised)."""
+    """Run the paper checks: a three-way verdict per claim from its primary endpoint (exit 1 if a check raised)."""
     from posttrain.paper_checks import CHECKS
+    from posttrain.paper_checks.cli import main as run_checks
 
     load_registries()  # includes every paper-check module
     if len(CHECKS) == 0:
         console.print("No paper checks are registered yet.")
         raise typer.Exit(0)
-    runner = importlib.import_module("posttrain.paper_checks._harness")
-    code = runner.main(
-        ids or [],
-        smoke=smoke,
-        seeds=seeds,
-        out=out,
-        json_out=json_out,
-        strict=strict,
-        check_stability=stability,
-        console=console,
-    )
+    code = run_checks(
+        ids or [], smoke=smoke, seeds=seeds, out=out, json_out=json_out, strict=strict, stability=stability,
+        tables=tables, mutant=mutant, mutants=mutants, console=console,
+    )  # fmt: skip
     if update_readme and code != 2:
         from pathlib import Path
 
@@ -215,20 +284,49 @@ def check(
             console.print("[red]--update-readme needs a full run (no --smoke) with --out[/]")
             raise typer.Exit(2)
         changed = rewrite(Path(out) / "results.json", Path(__file__).resolve().parents[1] / "README.md")
-        console.print(f"README method table: {changed} status cells rewritten")
+        console.print(f"README method table: {changed} cells rewritten")
     raise typer.Exit(code)
 
 
-def _print_edit_report(report: object) -> None:
+@app.command("real-check")
+@bad_input_exits
+def real_check(
+    ids: list[str] = typer.Argument(None, help="Paper ids to run (default: all)."),
+    profile: str = typer.Option("full", "--profile", help="full (SmolLM2 suite), measure (2-step costs) or smoke."),
+    seeds: int = typer.Option(None, "--seeds", help="Override every experiment's planned seed count."),
+    root: str = typer.Option("runs/real_checks", "--root", help="Cache of the runs (resumable)."),
+    out: str = typer.Option(None, "--out", help="Directory for real_results.json."),
+    update_docs: bool = typer.Option(False, "--update-docs", help="Store the results and regenerate the docs."),
+    train_ungated: bool = typer.Option(False, "--train-ungated", help="Train arms whose probe misses the regime."),
+    gate_only: bool = typer.Option(False, "--gate-only", help="Probe and gate the base model; train nothing."),
+    pilot: bool = typer.Option(False, "--pilot", help="Run 3 pilot seeds and record them for the seed plans."),
+    plan: bool = typer.Option(False, "--plan", help="Print the experiments' seeds and arms; run nothing."),
+    budget: bool = typer.Option(False, "--budget", help="Price the full plan from the measure profile's runs."),
+    threads: int = typer.Option(2, "--threads", help="Torch threads."),
+) -> None:
+    """The paper checks on SmolLM2-135M-Instruct: transfer cards, regime gates, verdicts beside the toys'."""
+    from posttrain.real_checks.cli import main as run_real
+
+    code = run_real(
+        ids or [], profile=profile, seeds=seeds, root=root, out=out, update_docs=update_docs,
+        train_ungated=train_ungated, plan=plan, budget=budget, gate_only=gate_only, pilot=pilot, threads=threads,
+        console=console,
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
+def _print_edit_report(report: object, out_dir: str) -> None:
+    """The edit's numbers as a two-column table (names never wrapped), then where it was written."""
     from dataclasses import asdict
 
     data = {k: v for k, v in asdict(report).items() if k != "per_tensor"}  # type: ignore[call-overload]
     table = Table(title="checkpoint edit")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
+    table.add_column("quantity", no_wrap=True)
+    table.add_column("value", justify="right", overflow="fold")
     for k, v in data.items():
         table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     console.print(table)
+    console.print(f"written to {out_dir}", highlight=False, soft_wrap=True)
 
 
 @app.command("sar")
@@ -244,9 +342,15 @@ def sar(
     mask: str = typer.Option("full", "--mask", help="full, diagonal or off_diagonal."),
     alpha: float = typer.Option(1.0, "--alpha", help="Scale of the projected update."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, float16 or bfloat16 (bf16 may erase the edit)."),
-    exact: bool = typer.Option(False, "--exact", help="Exact SVD of each delta instead of a randomized one."),
+    exact: bool = typer.Option(
+        False, "--exact", metavar="", help="Exact SVD of each delta instead of a randomized one."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace OUT_DIR if it is not empty."),
 ) -> None:
-    """SAR: keep the rank-k part of an RL update aligned with the base's spectral frame (arXiv:2607.03065)."""
+    """SAR: keep the rank-k part of an RL update aligned with the base's spectral frame (arXiv:2607.03065).
+
+    OUT_DIR is written whole under a temporary name and renamed into place; the inputs are only read.
+    """
     from posttrain.llm.tools.sar import edit_checkpoint
 
     report = edit_checkpoint(
@@ -259,8 +363,9 @@ def sar(
         alphas=[alpha],
         save_dtype=dtype,
         randomized=not exact,
+        overwrite=overwrite,
     )
-    _print_edit_report(report)
+    _print_edit_report(report, out_dir)
 
 
 @app.command("merge")
@@ -272,14 +377,16 @@ def merge(
     method: str = typer.Option("sar", "--method", help="sar, task_arithmetic, average or ties."),
     delta_fraction: float = typer.Option(0.01, "--rank", "--delta-fraction", help="SAR rank fraction."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, float32, float16 or bfloat16."),
+    overwrite: bool = typer.Option(False, "--overwrite", metavar="", help="Replace OUT_DIR if it is not empty."),
 ) -> None:
-    """Merge RL experts fine-tuned from one base (SAR-projected sum by default)."""
+    """Merge RL experts fine-tuned from one base (SAR-projected sum by default); OUT_DIR as for ``sar``."""
     from posttrain.llm.tools.sar import edit_checkpoint
 
     report = edit_checkpoint(
-        base_dir, tuned_dirs, out_dir, method=method, delta_fraction=delta_fraction, save_dtype=dtype
-    )
-    _print_edit_report(report)
+        base_dir, tuned_dirs, out_dir, method=method, delta_fraction=delta_fraction, save_dtype=dtype,
+        overwrite=overwrite,
+    )  # fmt: skip
+    _print_edit_report(report, out_dir)
 
 
 # LLM trainer commands (posttrain.llm.cli imports torch/transformers only inside the commands).
@@ -296,6 +403,26 @@ app.command("es")(bad_input_exits(_llm_cli.es_command))
 app.command("pairs")(bad_input_exits(_llm_cli.pairs_command))
 app.command("dpo")(bad_input_exits(_llm_cli.dpo_command))
 app.add_typer(importlib.import_module("posttrain.llm.tools.models").models_app(bad_input_exits), name="models")
+
+
+@app.command("arena")
+@bad_input_exits
+def arena(
+    function: str = typer.Argument(..., help="The function to judge: module:function or path/file.py:function."),
+    kind: str = typer.Option(None, "--kind", help="advantage, loss or kl (default: read from the parameter names)."),
+    baselines: str = typer.Option(
+        None,
+        "--baselines",
+        help="Comma-separated registered names of the same kind (default: grpo,rloo,drgrpo; for a loss "
+        "ppo_clip,cispo,gspo; for a KL estimator k1,k2,k3).",
+    ),
+    seeds: int = typer.Option(64, "--seeds", help="Paired seeds of the learning curves."),
+    out: str = typer.Option(None, "--out", help="Write report.md, report.json and arena.png into this directory."),
+) -> None:
+    """Judge your own advantage, policy loss or KL estimator: contract, conventions, exact toys, learning curves."""
+    from posttrain.arena.cli import main as run_arena
+
+    run_arena(function, kind=kind, baselines=baselines, seeds=seeds, out=out, console=console)
 
 
 @app.command("flops")

@@ -12,7 +12,11 @@ Strategies (all return torch tensors and take the dtype to build):
 - `token_tensors`: bounded float tensors of a given shape;
 - `policy_batches`: a consistent ``(logp, logp_old, advantages, mask)`` batch.
 
-`check_estimator` runs the contract every public estimator passes (see its docstring):
+`check_estimator` runs the contract every public estimator passes (see its docstring) and raises
+`ContractFailure` listing what broke; `contract_findings` runs the same list and returns each broken
+item as a `ContractFinding` (item id and one line), for tools that report rather than fail
+(`posttrain arena`). `CONTRACT_ITEMS` names the items; `VALID_INPUT_ITEMS` are those about valid
+input (the rest are about rejecting bad input):
 
     def make_inputs(dtype):
         g = torch.Generator().manual_seed(0)
@@ -26,7 +30,7 @@ Strategies (all return torch tensors and take the dtype to build):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +47,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError('posttrain.testing needs hypothesis: pip install "posttrain[testing]"') from exc
 
 __all__ = [
+    "CONTRACT_ITEMS",
+    "VALID_INPUT_ITEMS",
     "ContractFailure",
+    "ContractFinding",
     "PolicyBatch",
     "check_estimator",
+    "contract_findings",
     "grouped_rewards",
     "log_probs",
     "policy_batches",
@@ -122,22 +130,32 @@ def grouped_rewards(
 
 
 @st.composite
-def response_masks(draw: st.DrawFn, shape: Sequence[int], *, contiguous: bool = False) -> Tensor:
+def response_masks(
+    draw: st.DrawFn, shape: Sequence[int], *, contiguous: bool = False, empty_rows: bool = False
+) -> Tensor:
     """A boolean mask ``[B, T]`` with at least one True in every row.
 
     ``contiguous=True`` gives right-padded responses (each row a prefix of Trues); otherwise any
-    pattern (holes such as masked tool outputs included).
+    pattern (holes such as masked tool outputs included). ``empty_rows=True`` also allows fully
+    masked rows (padding rows of a micro-batch; TRL's truncated completions), keeping at least one
+    True in the whole mask.
     """
     b, t = int(shape[0]), int(shape[1])
     if t < 1:
         raise ShapeError(f"shape: a mask with at least one token per row needs T >= 1, got {list(shape)}")
     if contiguous:
         lengths = draw(st.lists(st.integers(1, t), min_size=b, max_size=b))
-        return torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(-1)
-    arr = draw(arrays(np.bool_, (b, t)))
-    firsts = draw(st.lists(st.integers(0, t - 1), min_size=b, max_size=b))
-    arr[np.arange(b), firsts] = True
-    return torch.from_numpy(arr)
+        mask = torch.arange(t).unsqueeze(0) < torch.tensor(lengths).unsqueeze(-1)
+    else:
+        arr = draw(arrays(np.bool_, (b, t)))
+        firsts = draw(st.lists(st.integers(0, t - 1), min_size=b, max_size=b))
+        arr[np.arange(b), firsts] = True
+        mask = torch.from_numpy(arr)
+    if empty_rows and b > 1:
+        drop = draw(st.lists(st.booleans(), min_size=b, max_size=b))
+        drop[draw(st.integers(0, b - 1))] = False  # one row keeps its tokens
+        mask = mask & ~torch.tensor(drop).unsqueeze(-1)
+    return mask
 
 
 @dataclass(frozen=True)
@@ -181,6 +199,37 @@ class ContractFailure(AssertionError):
     """An estimator broke one or more items of the contract; the message lists every one."""
 
 
+CONTRACT_ITEMS: dict[str, str] = {
+    "valid-call": "a valid call returns without raising",
+    "output-shape": "the first output has the documented shape",
+    "output-dtype": "floating outputs have the input dtype",
+    "finite": "outputs are finite on valid input",
+    "annotations": "a valid call passes the runtime check of the shape annotations",
+    "mutation": "no argument is modified in place",
+    "rank": "an argument of the wrong rank raises ShapeError naming it",
+    "input-dtype": "an argument of the wrong dtype raises ShapeError naming it",
+    "mismatch": "mismatched shapes raise ShapeError naming the argument",
+    "empty-mask": "an all-False mask raises DomainError naming it",
+    "hyperparameter": "a bad hyperparameter raises DomainError naming it",
+    "gradient": "gradients are finite and reach the inputs",
+    "masked": "values at masked positions change no output and no gradient",
+}
+"""The contract's items (id -> what it requires), in the order `check_estimator` runs them."""
+
+VALID_INPUT_ITEMS = frozenset(
+    {"valid-call", "output-shape", "output-dtype", "finite", "annotations", "mutation", "gradient", "masked"}
+)
+"""Items about what a valid call does (the others are about rejecting bad input)."""
+
+
+@dataclass(frozen=True)
+class ContractFinding:
+    """One broken contract item: its id in `CONTRACT_ITEMS` and a one-line description."""
+
+    item: str
+    message: str
+
+
 def _tensors(out: object) -> list[Tensor]:
     """Every tensor in an output: a tensor, or tuples / NamedTuples / lists / dicts of them."""
     if isinstance(out, Tensor):
@@ -202,10 +251,10 @@ class _Runner:
     def __init__(self, fn: Callable[..., Any], mask_arg: str | None) -> None:
         self.fn = fn
         self.mask_arg = mask_arg
-        self.failures: list[str] = []
+        self.failures: list[ContractFinding] = []
 
-    def fail(self, what: str) -> None:
-        self.failures.append(what)
+    def fail(self, item: str, what: str) -> None:
+        self.failures.append(ContractFinding(item, what))
 
     def call(self, inputs: Mapping[str, Any], label: str) -> Any:
         """Call ``fn`` and check it neither mutates its inputs nor bumps their version counters."""
@@ -215,27 +264,27 @@ class _Runner:
         try:
             out = self.fn(**inputs)
         except Exception as e:  # reported as a contract failure
-            self.fail(f"{label}: raised {type(e).__name__} on valid input: {e}")
+            self.fail("valid-call", f"{label}: raised {type(e).__name__} on valid input: {e}")
             return None
         for k, before in snapshot.items():
             if not _same(inputs[k].detach(), before) or inputs[k]._version != versions[k]:
-                self.fail(f"{label}: argument {k!r} was modified in place")
+                self.fail("mutation", f"{label}: argument {k!r} was modified in place")
         for k, before_arr in others.items():
             if not np.array_equal(inputs[k], before_arr, equal_nan=True):
-                self.fail(f"{label}: argument {k!r} was modified in place")
+                self.fail("mutation", f"{label}: argument {k!r} was modified in place")
         return out
 
-    def expect_error(self, inputs: Mapping[str, Any], error: type[Exception], arg: str, label: str) -> None:
+    def expect_error(self, item: str, inputs: Mapping[str, Any], error: type[Exception], arg: str, label: str) -> None:
         """The call must raise ``error`` whose message names ``arg``."""
         try:
             self.fn(**inputs)
         except error as e:
             if arg not in str(e):
-                self.fail(f"{label}: {error.__name__} raised but its message does not name {arg!r}: {e}")
+                self.fail(item, f"{label}: {error.__name__} raised but its message does not name {arg!r}: {e}")
         except Exception as e:  # any other exception is a contract failure
-            self.fail(f"{label}: expected {error.__name__} naming {arg!r}, got {type(e).__name__}: {e}")
+            self.fail(item, f"{label}: expected {error.__name__} naming {arg!r}, got {type(e).__name__}: {e}")
         else:
-            self.fail(f"{label}: expected {error.__name__} naming {arg!r}, nothing was raised")
+            self.fail(item, f"{label}: expected {error.__name__} naming {arg!r}, nothing was raised")
 
 
 def _weighted_sum(outs: list[Tensor]) -> Tensor | None:
@@ -259,15 +308,15 @@ def _grad_check(
         return {}
     total = _weighted_sum(outs)
     if total is None:
-        run.fail(f"{label}: no output is differentiable with respect to {list(grad_args)}")
+        run.fail("gradient", f"{label}: no output is differentiable with respect to {list(grad_args)}")
         return {}
     total.backward()
     grads = {k: v.grad for k, v in leaves.items()}
     if all(g is None for g in grads.values()):
-        run.fail(f"{label}: no gradient reached any of {list(grad_args)}")
+        run.fail("gradient", f"{label}: no gradient reached any of {list(grad_args)}")
     for k, g in grads.items():
         if g is not None and not bool(torch.isfinite(g).all()):
-            run.fail(f"{label}: gradient with respect to {k!r} has non-finite entries")
+            run.fail("gradient", f"{label}: gradient with respect to {k!r} has non-finite entries")
     return grads
 
 
@@ -327,12 +376,64 @@ def check_estimator(
     Raises:
         ContractFailure: with one line per broken item.
     """
+    findings = contract_findings(
+        fn,
+        make_inputs,
+        output_shape=output_shape,
+        mask_arg=mask_arg,
+        mismatch_args=mismatch_args,
+        rank_args=rank_args,
+        grad_args=grad_args,
+        bad_values=bad_values,
+        masked_positions_ignored=masked_positions_ignored,
+        check_annotations=check_annotations,
+        dtypes=dtypes,
+    )
+    if findings:
+        name = getattr(fn, "__name__", repr(fn))
+        lines = "\n  - ".join(f.message for f in findings)
+        raise ContractFailure(f"{name} breaks the estimator contract:\n  - {lines}")
+
+
+def contract_findings(
+    fn: Callable[..., Any],
+    make_inputs: Callable[[torch.dtype], dict[str, Any]],
+    *,
+    output_shape: Sequence[int] | Callable[[Mapping[str, Any]], Sequence[int]] | None = None,
+    mask_arg: str | None = "mask",
+    mismatch_args: Sequence[str] | None = None,
+    rank_args: Sequence[str] | None = None,
+    grad_args: Sequence[str] | None = None,
+    bad_values: Mapping[str, Sequence[Any]] | None = None,
+    masked_positions_ignored: bool = True,
+    check_annotations: bool = True,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    items: Collection[str] | None = None,
+) -> list[ContractFinding]:
+    """The items of `check_estimator`'s contract that ``fn`` breaks, one `ContractFinding` each (none: it passes).
+
+    Same arguments as `check_estimator`, plus ``items``: the ids of `CONTRACT_ITEMS` to run (default
+    all; e.g. `VALID_INPUT_ITEMS` to skip the bad-input calls). ``make_inputs`` may also return the
+    same inputs whatever the dtype (a drawn example already in its dtype).
+
+    Examples:
+        >>> def careless(values, mask):
+        ...     return (values * mask).sum(-1)  # a NaN at a masked position leaks through the product
+        >>> inputs = lambda dtype: {"values": torch.ones(2, 3, dtype=dtype), "mask": torch.tensor([[True] * 3, [True, False, False]])}
+        >>> sorted({f.item for f in contract_findings(careless, inputs, items={"masked"}, dtypes=(torch.float64,))})
+        ['masked']
+    """
+    wanted = frozenset(CONTRACT_ITEMS) if items is None else frozenset(items)
+    unknown = wanted - set(CONTRACT_ITEMS)
+    if unknown:
+        raise DomainError(f"items: unknown contract items {sorted(unknown)}; valid: {', '.join(CONTRACT_ITEMS)}")
     run = _Runner(fn, mask_arg)
     for dtype in dtypes:
         _check_one_dtype(
             run,
             make_inputs(dtype),
             dtype,
+            wanted,
             output_shape=output_shape,
             mismatch_args=mismatch_args,
             rank_args=rank_args,
@@ -341,9 +442,7 @@ def check_estimator(
             masked_positions_ignored=masked_positions_ignored,
             check_annotations=check_annotations,
         )
-    if run.failures:
-        name = getattr(fn, "__name__", repr(fn))
-        raise ContractFailure(f"{name} breaks the estimator contract:\n  - " + "\n  - ".join(run.failures))
+    return [f for f in run.failures if f.item in wanted]
 
 
 def _typechecked(fn: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -363,6 +462,7 @@ def _check_one_dtype(
     run: _Runner,
     inputs: dict[str, Any],
     dtype: torch.dtype,
+    wanted: frozenset[str],
     *,
     output_shape: Sequence[int] | Callable[[Mapping[str, Any]], Sequence[int]] | None,
     mismatch_args: Sequence[str] | None,
@@ -381,62 +481,63 @@ def _check_one_dtype(
     out = run.call(inputs, f"[{tag}] valid call")
     outs = _tensors(out)
     if not outs:
-        run.fail(f"[{tag}] valid call: returned no tensor")
+        run.fail("valid-call", f"[{tag}] valid call: returned no tensor")
     if output_shape is not None and outs:
         want = tuple(output_shape(inputs) if callable(output_shape) else output_shape)
         if tuple(outs[0].shape) != want:
-            run.fail(f"[{tag}] output shape: expected {list(want)}, got {list(outs[0].shape)}")
+            run.fail("output-shape", f"[{tag}] output shape: expected {list(want)}, got {list(outs[0].shape)}")
     for i, t in enumerate(outs):
         if t.is_floating_point() and t.dtype != dtype:
-            run.fail(f"[{tag}] output {i}: dtype {t.dtype}, expected {dtype}")
+            run.fail("output-dtype", f"[{tag}] output {i}: dtype {t.dtype}, expected {dtype}")
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            run.fail(f"[{tag}] output {i}: non-finite entries on valid input")
+            run.fail("finite", f"[{tag}] output {i}: non-finite entries on valid input")
 
     # 1b. the jaxtyping annotations agree with a valid call (runtime shape checking via beartype).
-    if check_annotations:
+    if check_annotations and "annotations" in wanted:
         typed = _typechecked(run.fn)
         if typed is not None:
             try:
                 typed(**inputs)
             except Exception as e:  # the checker's own error type
-                first = str(e).strip().splitlines()[:3]
-                run.fail(f"[{tag}] annotations: a valid call fails runtime shape checking: {' '.join(first)}")
+                first = " ".join(str(e).strip().splitlines()[:3])
+                run.fail("annotations", f"[{tag}] annotations: a valid call fails runtime shape checking: {first}")
 
     # 3. wrong rank.
-    for k in tensor_args if rank_args is None else rank_args:
+    for k in (tensor_args if rank_args is None else rank_args) if "rank" in wanted else ():
         x = inputs[k]
-        run.expect_error({**inputs, k: x.unsqueeze(0)}, ShapeError, k, f"[{tag}] rank of {k} + 1")
+        run.expect_error("rank", {**inputs, k: x.unsqueeze(0)}, ShapeError, k, f"[{tag}] rank of {k} + 1")
         if x.ndim >= 1 and x.shape[0] >= 1:
-            run.expect_error({**inputs, k: x[0]}, ShapeError, k, f"[{tag}] rank of {k} - 1")
+            run.expect_error("rank", {**inputs, k: x[0]}, ShapeError, k, f"[{tag}] rank of {k} - 1")
 
     # 4. wrong dtype.
-    for k in tensor_args:
+    for k in tensor_args if "input-dtype" in wanted else ():
         x = inputs[k]
         bad = x.long() if x.is_floating_point() else x.to(dtype)
-        run.expect_error({**inputs, k: bad}, ShapeError, k, f"[{tag}] dtype of {k} ({bad.dtype})")
+        run.expect_error("input-dtype", {**inputs, k: bad}, ShapeError, k, f"[{tag}] dtype of {k} ({bad.dtype})")
 
     # 5. mismatched shapes.
-    for k in tensor_args[1:] if mismatch_args is None else mismatch_args:
+    for k in (tensor_args[1:] if mismatch_args is None else mismatch_args) if "mismatch" in wanted else ():
         x = inputs[k]
-        run.expect_error({**inputs, k: x[:-1]}, ShapeError, k, f"[{tag}] {k} with first axis shortened")
+        run.expect_error("mismatch", {**inputs, k: x[:-1]}, ShapeError, k, f"[{tag}] {k} with first axis shortened")
 
     # 6. empty mask.
-    if mask_arg is not None:
+    if mask_arg is not None and "empty-mask" in wanted:
         empty = torch.zeros_like(inputs[mask_arg])
-        run.expect_error({**inputs, mask_arg: empty}, DomainError, mask_arg, f"[{tag}] empty {mask_arg}")
+        label = f"[{tag}] empty {mask_arg}"
+        run.expect_error("empty-mask", {**inputs, mask_arg: empty}, DomainError, mask_arg, label)
 
     # 7. bad hyperparameters.
-    for k, values in bad_values.items():
+    for k, values in bad_values.items() if "hyperparameter" in wanted else ():
         for v in values:
-            run.expect_error({**inputs, k: v}, DomainError, k, f"[{tag}] {k}={v!r}")
+            run.expect_error("hyperparameter", {**inputs, k: v}, DomainError, k, f"[{tag}] {k}={v!r}")
 
     # 8. finite gradients.
     gargs = float_args if grad_args is None else list(grad_args)
-    if gargs:
+    if gargs and "gradient" in wanted:
         _grad_check(run, inputs, gargs, f"[{tag}] gradients")
 
     # 9. masked positions change nothing.
-    if masked_positions_ignored and mask_arg is not None:
+    if masked_positions_ignored and mask_arg is not None and "masked" in wanted:
         mask = inputs[mask_arg]
         nan = torch.tensor(float("nan"), dtype=dtype)
         corrupt = {k: torch.where(mask, inputs[k], nan) for k in float_args if inputs[k].shape == mask.shape}
@@ -446,6 +547,10 @@ def _check_one_dtype(
             if len(outs_c) != len(outs) or not all(
                 _same(a.detach(), b.detach()) for a, b in zip(outs, outs_c, strict=True)
             ):
-                run.fail(f"{label}: an output changed")
+                run.fail("masked", f"{label}: an output changed")
             if gargs:
+                start = len(run.failures)
                 _grad_check(run, {**inputs, **corrupt}, gargs, label + " (gradients)")
+                for i in range(start, len(run.failures)):  # a gradient broken by masked NaN is a masking fault
+                    if run.failures[i].item == "gradient":
+                        run.failures[i] = ContractFinding("masked", run.failures[i].message)

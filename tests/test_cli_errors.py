@@ -62,7 +62,7 @@ def test_debug_flag_shows_the_traceback(tmp_path: Path) -> None:
 
 
 def test_check_id_without_leading_zero_means_the_padded_id() -> None:
-    from posttrain.paper_checks._harness import select_checks
+    from posttrain.paper_checks.runner import select_checks
 
     assert [c.id for c in select_checks(["2"])] == [c.id for c in select_checks(["02"])] == ["02"]
 

@@ -25,14 +25,18 @@ def test_tiny_run_reports_every_number(tmp_path: Path) -> None:
     out = tmp_path / "smoke.json"
     res = gpu_smoke.main(["--tiny", "--json", str(out)])
     assert json.loads(out.read_text()) == res
-    for key in ("engine_tokens_per_s", "generate_tokens_per_s", "train_step_s", "matmul_ceiling_flops_per_s"):
+    keys = ("engine_tokens_per_s", "generate_tokens_per_s", "train_step_s", "train_step_unshared_s")
+    for key in (*keys, "matmul_ceiling_flops_per_s", "shared_over_unshared"):
         assert math.isfinite(res[key]) and res[key] > 0, key
     assert 0 < res["mfu"] < 1
-    assert res["train_tokens"] == 2 * (6 + 8)  # no end-of-sequence token: every row runs to the end
-    if not torch.cuda.is_available():
-        assert res["train_step_host_syncs"] == "n/a on CPU"
-    else:
-        assert isinstance(res["train_step_host_syncs"], int)
+    # one group of K = 2 rows, no end-of-sequence token (every row runs to the end): the prompt once (6 tokens),
+    # and each row's 8 response tokens but the last
+    assert res["train_rows"] == 2 and res["train_tokens"] == 6 + 2 * (8 - 1)
+    for key in ("train_step_host_syncs", "train_peak_bytes", "engine_peak_bytes"):
+        if not torch.cuda.is_available():
+            assert res[key] == "n/a on CPU"
+        else:
+            assert isinstance(res[key], int) and res[key] >= 0
 
 
 def test_model_has_the_qwen25_05b_shape_without_building_it() -> None:

@@ -13,8 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.estimators import AggregationMode, aggregate, cispo_loss, clipped_ratio_loss
-from posttrain.estimators.sis import sis_logp_old, truncated_is_loss
+from posttrain.estimators import (
+    AggregationMode,
+    aggregate,
+    cispo_loss,
+    clipped_ratio_loss,
+    sis_logp_old,
+    truncated_is_loss,
+)
 from posttrain.testing import PolicyBatch, policy_batches, response_masks
 
 VERL = st.fixed_dictionaries(

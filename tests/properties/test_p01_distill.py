@@ -6,27 +6,27 @@ import torch
 from hypothesis import Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
-from posttrain.estimators import clipped_ratio_loss, group_normalized_advantages
-from posttrain.estimators.distill import (
+from posttrain.estimators import (
+    clipped_ratio_loss,
     eos_teacher_mask,
     full_reverse_kl,
+    group_normalized_advantages,
+    kdrl_advantages,
+    opd_policy_loss,
+    opd_then_rl_advantages,
     opd_token_advantages,
-    sign_conflict_rate,
-    topk_overlap,
+    rlsd_advantages,
+    trrd_loss,
 )
-from posttrain.estimators.distill_losses import opd_policy_loss, trrd_loss
-from posttrain.estimators.distill_rules import (
+from posttrain.estimators.advantages import (
     correctness_flags,
     hdpo_advantages,
-    kdrl_advantages,
     kdrl_annealing_advantages,
     kdrl_mask_advantages,
-    opd_phase,
-    opd_then_rl_advantages,
-    plateau_switch_step,
-    rlsd_advantages,
     srpo_advantages,
 )
+from posttrain.estimators.metrics import sign_conflict_rate, topk_overlap
+from posttrain.estimators.selection import opd_phase, plateau_switch_step
 from posttrain.testing import grouped_rewards, log_probs, response_masks, token_tensors
 
 F64 = torch.float64

@@ -8,17 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posttrain.estimators.replay import (
-    REPLAY_RULES,
-    ReplayBuffer,
-    ReplayRule,
-    headroom,
-    mixed_outcome,
-    policy_drift,
-    replay_add,
-    replay_init,
-    replay_select,
-)
+from posttrain.estimators import headroom, policy_drift, replay_add, replay_init, replay_select
+from posttrain.estimators.selection import REPLAY_RULES, ReplayBuffer, ReplayRule, mixed_outcome
 
 
 class Groups:

@@ -6,19 +6,24 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from posttrain.estimators import aggregate, clipped_ratio_loss, group_normalized_advantages, k3_kl
-from posttrain.estimators.routing import (
+from posttrain.estimators import (
+    aggregate,
+    clipped_ratio_loss,
+    group_normalized_advantages,
+    k3_kl,
+    self_routing_probabilities,
+)
+from posttrain.estimators.losses import routed_loss
+from posttrain.estimators.selection import (
     Recipe,
     accuracy_memberships,
     confidence_features,
     random_routes,
     rollout_confidence,
     route_masks,
-    routed_loss,
     router_probabilities,
     router_scores,
     sample_routes,
-    self_routing_probabilities,
 )
 from posttrain.testing import grouped_rewards, token_tensors
 

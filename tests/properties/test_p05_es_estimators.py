@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.es import (
-    NOISE_CHUNK,
+from posttrain.estimators import (
     EsPopulation,
     antithetic_gradient,
     antithetic_population,
@@ -30,6 +29,7 @@ from posttrain.estimators.es import (
     update_sparsity,
     zscore_rewards,
 )
+from posttrain.estimators.es import NOISE_CHUNK
 from posttrain.llm.es.params import apply_es_step_, perturb_, population_forward, restore_, roundtrip_
 
 seeds = st.integers(0, 2**31 - 1)

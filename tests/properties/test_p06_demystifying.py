@@ -11,8 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.estimators import group_normalized_advantages, token_entropy
-from posttrain.estimators.entropy_lens import entropy_lens
+from posttrain.estimators import entropy_lens, group_normalized_advantages, token_entropy
 from posttrain.simulators.demystify import (
     PRM_WEIGHTS,
     TargetTask,

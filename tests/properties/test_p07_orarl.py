@@ -10,10 +10,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError
-from posttrain.estimators import drgrpo_advantages, group_normalized_advantages
-from posttrain.estimators.orarl import (
+from posttrain.estimators import (
+    drgrpo_advantages,
+    group_normalized_advantages,
     naive_injection_advantages,
     orarl_advantages,
+)
+from posttrain.estimators.advantages import (
     orarl_oracle_advantage,
     orarl_policy_advantages,
     post_selection_correction,

@@ -8,16 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError
-from posttrain.estimators.distill import full_reverse_kl, topk_reverse_kl_reward
-from posttrain.estimators.mopd import (
+from posttrain.estimators import full_reverse_kl, topk_reverse_kl_reward
+from posttrain.estimators.losses import topk_distill_loss
+from posttrain.estimators.metrics import headroom_recovery
+from posttrain.estimators.weights import (
     domain_token_counts,
     gap_factors,
-    headroom_recovery,
     mopd_domain_weights,
     refreshed_reward,
     route_teacher_logprobs,
     token_share_weights,
-    topk_distill_loss,
 )
 from posttrain.testing import response_masks, token_tensors
 

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.estimators.path_space import (
+from posttrain.estimators import (
     Curvature,
     awm_loss,
     bounded_weight,

@@ -9,9 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.estimators import pass_at_k
-from posttrain.estimators.coverage import accuracy_bins, answer_entropy, majority_vote_correct
-from posttrain.estimators.es import antithetic_population, es_gradient, es_step, population_noise
+from posttrain.estimators import (
+    accuracy_bins,
+    answer_entropy,
+    antithetic_population,
+    es_gradient,
+    es_step,
+    majority_vote_correct,
+    pass_at_k,
+    population_noise,
+)
 from posttrain.simulators.es_toys import init_params, make_bandit, train_es
 from posttrain.theory.es_coverage import exact_pass_at_k, regression_progression, zero_bin_fraction
 

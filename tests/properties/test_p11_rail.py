@@ -9,17 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.estimators.rail import (
-    controller_fit,
+from posttrain.estimators import (
     controller_init,
     controller_predict,
     controller_update,
-    entropy_heuristic_states,
-    huber,
     plan_interventions,
-    recency_weights,
     recoverability_gain,
 )
+from posttrain.estimators.selection import controller_fit, entropy_heuristic_states, huber, recency_weights
 
 rewards = st.lists(st.floats(0, 1), min_size=1, max_size=8)
 binary = st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=8)

@@ -8,11 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError
-from posttrain.estimators import clipped_ratio_loss
-from posttrain.estimators.delta_distill import (
+from posttrain.estimators import clipped_ratio_loss, exopd_advantages, opd2_advantages
+from posttrain.estimators.advantages import (
     centered_advantage,
-    exopd_advantages,
-    opd2_advantages,
     sampled_on_support,
     tempered_log_softmax,
     topk_support,

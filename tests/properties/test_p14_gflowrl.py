@@ -10,14 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators import aggregate
-from posttrain.estimators.gflowrl import (
-    flow_gap,
-    flowrl_loss,
-    flowrl_optimal_log_z,
-    gflowrl_loss,
-    mc_log_partition,
-)
+from posttrain.estimators import aggregate, flow_gap, flowrl_loss, flowrl_optimal_log_z, gflowrl_loss, mc_log_partition
 
 VARIANTS = ("paper", "normalized", "cprime")
 AGG = "seq-mean-token-sum"  # mean over sequences of the per-sequence loss (Eq. 8)

@@ -10,19 +10,19 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from posttrain.errors import ShapeError
-from posttrain.estimators import aggregate, clipped_ratio_loss, gspo_loss
-from posttrain.estimators.sis import (
+from posttrain.estimators import (
+    aggregate,
+    clipped_ratio_loss,
+    gspo_loss,
     no_correction_loss,
     sis_accept,
     sis_acceptance_prob,
-    sis_divergence,
-    sis_gspo_loss,
     sis_logp_old,
     sis_loss,
-    sis_rejection_test,
-    token_in_topk,
     truncated_is_loss,
 )
+from posttrain.estimators.importance import sis_divergence, sis_rejection_test, token_in_topk
+from posttrain.estimators.losses import sis_gspo_loss
 
 
 class Batch:

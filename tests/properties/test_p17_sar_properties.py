@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posttrain.errors import DomainError, ShapeError
-from posttrain.estimators.projections import sar_merge, sar_project, sar_rank, task_arithmetic_merge
+from posttrain.estimators.merging import sar_merge, sar_project, sar_rank, task_arithmetic_merge
 
 dims = st.integers(2, 16)
 seeds = st.integers(0, 2**31 - 1)

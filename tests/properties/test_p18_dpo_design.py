@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.special import log_softmax
 
 from posttrain.errors import ConvergenceError
-from posttrain.estimators.dpo import dpo_loss
+from posttrain.estimators import dpo_loss
 from posttrain.theory.dpo_design import (
     centred_basis,
     design_trace,

@@ -169,3 +169,18 @@ def test_grpo_null_cases() -> None:
     short, _ = train_grpo_routing(start, SPEC, gens, w_eval=w, lengths=(2, 5), steps=5)
     assert torch.equal(short["e"], start["e"]) and not torch.equal(short["psi"], start["psi"])
     assert step_success(start, SPEC).shape == (2, 2, SPEC.max_len)
+
+
+def test_the_advantage_rule_is_a_parameter() -> None:
+    """The default rule is GRPO's (passing it explicitly gives identical runs); another rule changes the run."""
+    start = _random_params(7, runs=2)
+    w = torch.full((2,), 0.5, dtype=F64)
+
+    def go(**kw: object) -> dict[str, torch.Tensor]:
+        gens = [torch.Generator().manual_seed(s) for s in (0, 1)]
+        return train_grpo_routing(start, SPEC, gens, w_eval=w, lengths=(6, 9), steps=4, **kw)[0]  # type: ignore[arg-type]
+
+    default, explicit = go(), go(advantage=grpo_advantages_population_std)
+    raw = go(advantage=lambda r: r)
+    assert all(torch.equal(default[k], explicit[k]) for k in default)
+    assert not torch.equal(default["e"], raw["e"])
