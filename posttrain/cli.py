@@ -259,6 +259,7 @@ def check(
     tables: bool = CHECK_OPTIONS["tables"],
     mutant: str = CHECK_OPTIONS["mutant"],
     mutants: bool = CHECK_OPTIONS["mutants"],
+    jobs: int = CHECK_OPTIONS["jobs"],
     update_readme: bool = typer.Option(
         False, "--update-readme", help="After a full run with --out, rewrite the README method table from it."
     ),
@@ -273,7 +274,7 @@ def check(
         raise typer.Exit(0)
     code = run_checks(
         ids or [], smoke=smoke, seeds=seeds, out=out, json_out=json_out, strict=strict, stability=stability,
-        tables=tables, mutant=mutant, mutants=mutants, console=console,
+        tables=tables, mutant=mutant, mutants=mutants, jobs=jobs, console=console,
     )  # fmt: skip
     if update_readme and code != 2:
         from pathlib import Path

@@ -1,7 +1,8 @@
 """The paper checks' command line: ``posttrain check`` and each check module's own ``main``.
 
 ``posttrain check [IDS] [--smoke] [--seeds N] [--out DIR] [--json] [--tables] [--mutant NAME | --mutants]
-[--stability] [--strict]`` runs the selected checks (all by default) and prints a one-screen summary;
+[--stability] [--strict] [--jobs N]`` runs the selected checks (all by default; in one worker process per
+CPU unless ``--jobs`` says otherwise) and prints a one-screen summary;
 ``--tables`` also prints every check's tables, ``--out`` writes ``report.md``, ``results.json`` (and
 ``mutants.json`` for mutant runs) and one figure per check. A check module ends with
 ``if __name__ == "__main__": raise SystemExit(main_for(CHECK))`` and takes the same options
@@ -40,6 +41,9 @@ OPTIONS = {
     "tables": typer.Option(False, "--tables", help="Print every check's metric and comparison tables too."),
     "mutant": typer.Option(None, "--mutant", help="Run this mutant (a wrong method) of the one selected check."),
     "mutants": typer.Option(False, "--mutants", help="Also run every mutant of the selected checks (mutants.json)."),
+    "jobs": typer.Option(
+        0, "--jobs", help="Worker processes (0: one per available CPU); verdicts do not depend on it."
+    ),
 }
 """The options shared by ``posttrain check`` and each check's ``main`` (one declaration)."""
 
@@ -83,6 +87,7 @@ def run_selected(
     tables: bool = False,
     mutant: str | None = None,
     mutants: bool = False,
+    jobs: int = 1,
     console: Console | None = None,
 ) -> int:
     """Run ``checks`` (or the one named ``mutant`` of the single check), print, write ``out``; return the exit code."""
@@ -91,7 +96,7 @@ def run_selected(
     from posttrain.paper_checks.figures import Plotter
     from posttrain.paper_checks.markdown import markdown_report
     from posttrain.paper_checks.model import Verdict
-    from posttrain.paper_checks.runner import CheckOutcome, run_check
+    from posttrain.paper_checks.runner import CheckOutcome, default_workers, run_jobs
 
     console = console or Console()
     if mutant is not None:
@@ -107,26 +112,33 @@ def run_selected(
     start, cpu = time.perf_counter(), time.process_time()
     outcomes: list[CheckOutcome] = []
     mutant_runs: list[CheckOutcome] = []
-    jobs: list[tuple[PaperCheck, str | None]] = [(c, None) for c in checks] if mutant is None else [(checks[0], mutant)]
+    todo: list[tuple[PaperCheck, str | None]] = [(c, None) for c in checks] if mutant is None else [(checks[0], mutant)]
     if mutants and mutant is None:
-        jobs += [(c, m.name) for c in checks for m in c.mutants]
+        todo += [(c, m.name) for c in checks for m in c.mutants]
+    workers = default_workers(len(todo)) if jobs <= 0 else jobs
     plotter = Plotter(Path(out)) if out is not None and mutant is None else None
     with contextlib.nullcontext() if plotter is None else plotter, _progress(console, json_out) as progress:
-        task = progress.add_task("paper checks", total=len(jobs))
-        for check, name in jobs:
-            progress.update(task, description=f"check {check.id}" + (f" mutant {name}" if name else ""))
-            o = run_check(check, smoke=smoke, seeds=seeds, mutant=name)
-            (mutant_runs if name else outcomes).append(o)
-            if plotter is not None and name is None:
+        task = progress.add_task(f"paper checks ({workers} worker{'s' if workers > 1 else ''})", total=len(todo))
+
+        def started(job: tuple[PaperCheck, str | None]) -> None:
+            progress.update(task, description=f"check {job[0].id}" + (f" mutant {job[1]}" if job[1] else ""))
+
+        def finished(o: CheckOutcome) -> None:
+            if plotter is not None and o.mutant is None:
                 plotter.add(o)
             progress.advance(task)
+
+        for o in run_jobs(todo, smoke=smoke, seeds=seeds, workers=workers, on_start=started, on_done=finished):
+            (mutant_runs if o.mutant else outcomes).append(o)
         progress.update(task, description="paper checks (figures)")
     records: list[dict[str, Any]] = []
     if stability:
         from posttrain.paper_checks.runner import stability as rerun
 
         records = rerun(outcomes, smoke=smoke)
-    meta["wall_time_s"], meta["cpu_time_s"] = time.perf_counter() - start, time.process_time() - cpu
+    worker_cpu = sum(o.cpu_time_s for o in outcomes + mutant_runs) if workers > 1 else 0.0
+    meta["wall_time_s"], meta["cpu_time_s"] = time.perf_counter() - start, time.process_time() - cpu + worker_cpu
+    meta["workers"] = workers
     payload = report.results_payload(outcomes, smoke=smoke, meta=meta)
     mutant_payload = report.mutants_payload(mutant_runs, smoke=smoke, meta=meta)
     if stability:
@@ -174,6 +186,7 @@ def main_for(*checks: PaperCheck, argv: Sequence[str] | None = None) -> int:
         tables: bool = OPTIONS["tables"],
         mutant: str = OPTIONS["mutant"],
         mutants: bool = OPTIONS["mutants"],
+        jobs: int = OPTIONS["jobs"],
     ) -> None:
         code = run_selected(
             list(checks),
@@ -186,6 +199,7 @@ def main_for(*checks: PaperCheck, argv: Sequence[str] | None = None) -> int:
             tables=tables,
             mutant=mutant,
             mutants=mutants,
+            jobs=jobs,
         )
         raise typer.Exit(code)
 

@@ -9,10 +9,13 @@ and verdict. An exception becomes an *error* outcome carrying the message; the o
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import time
 import traceback
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -23,7 +26,10 @@ from posttrain.paper_checks.report import summarise
 from posttrain.paper_checks.stats import verdict_of
 from posttrain.validate import value_checks
 
-__all__ = ["CheckOutcome", "mutant_config", "one_thread", "run_check", "run_mutants", "select_checks", "stability"]
+__all__ = [
+    "CheckOutcome", "Job", "default_workers", "mutant_config", "one_thread", "run_check", "run_jobs", "run_mutants",
+    "select_checks", "stability",
+]  # fmt: skip
 
 
 @dataclass
@@ -117,6 +123,81 @@ def run_check(
         cpu_time_s=time.process_time() - cpu,
         mutant=mutant,
     )
+
+
+Job = tuple[PaperCheck, "str | None"]
+"""A check and the mutant to run in its place (``None``: the check itself)."""
+
+
+def default_workers(jobs: int) -> int:
+    """Worker processes for ``jobs`` runs: one per CPU this process may use, at most one per run."""
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, jobs))
+
+
+def _importable(check: PaperCheck) -> bool:
+    """Whether a fresh process finds ``check`` (a check of the package's modules, not one registered at run time)."""
+    return getattr(check.run, "__module__", "").startswith("posttrain.paper_checks.")
+
+
+_LOCAL = ("check", "config")  # may hold local functions: rebuilt in the parent instead of sent back
+
+
+def _run_portable(check_id: str, smoke: bool, seeds: int | None, mutant: str | None) -> dict[str, Any]:
+    """`run_check` in a worker process: the outcome's fields except the check and its config."""
+    load_all()
+    o = run_check(CHECKS.get(check_id), smoke=smoke, seeds=seeds, mutant=mutant)
+    return {f.name: getattr(o, f.name) for f in fields(o) if f.name not in _LOCAL}
+
+
+def _rejoin(
+    sent: dict[str, Any], check: PaperCheck, mutant: str | None, smoke: bool, seeds: int | None
+) -> CheckOutcome:
+    config = (
+        mutant_config(check, mutant, smoke=smoke, seeds=seeds) if mutant else check.config(smoke=smoke, seeds=seeds)
+    )
+    return CheckOutcome(check=check, config=config, **sent)
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    *,
+    smoke: bool = False,
+    seeds: int | None = None,
+    workers: int = 1,
+    on_start: Callable[[Job], None] | None = None,
+    on_done: Callable[[CheckOutcome], None] | None = None,
+) -> list[CheckOutcome]:
+    """Run ``jobs`` (checks or mutants) in ``workers`` processes; outcomes in job order.
+
+    Each run is independent and seeded by its config, so the outcomes do not depend on ``workers``
+    (each worker runs torch on one thread, as `run_check` does in this process). ``on_done`` sees each
+    outcome as it finishes (in finishing order). A worker that dies gives an *error* outcome. Checks
+    registered at run time (not in the package's modules) run in this process.
+    """
+    if workers <= 1 or len(jobs) <= 1 or not all(_importable(c) for c, _ in jobs):
+        done = []
+        for check, name in jobs:
+            if on_start is not None:
+                on_start((check, name))
+            done.append(run_check(check, smoke=smoke, seeds=seeds, mutant=name))
+            if on_done is not None:
+                on_done(done[-1])
+        return done
+    slots: list[CheckOutcome | None] = [None] * len(jobs)
+    context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(_run_portable, c.id, smoke, seeds, m): i for i, (c, m) in enumerate(jobs)}
+        for future in as_completed(futures):
+            i = futures[future]
+            check, name = jobs[i]
+            try:
+                o = _rejoin(future.result(), check, name, smoke, seeds)
+            except Exception as exc:  # the worker died or its outcome could not be sent back
+                o = CheckOutcome(check, None, Verdict.ERROR, 0.0, error=f"{type(exc).__name__}: {exc}", mutant=name)
+            slots[i] = o
+            if on_done is not None:
+                on_done(o)
+    return [o for o in slots if o is not None]
 
 
 def run_mutants(checks: Sequence[PaperCheck], *, smoke: bool = False, seeds: int | None = None) -> list[CheckOutcome]:
