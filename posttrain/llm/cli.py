@@ -258,8 +258,7 @@ def eval_command(
         ks=ks,
         seed=cfg.seed,
         sampling=cfg.rollout.sampling(),
-        chat_template=cfg.model.chat_template,
-        system=cfg.model.system_prompt,
+        **cfg.model.prompt_format().options(),
     )
     undefined = [k for k, v in metrics.items() if isinstance(v, float) and v != v]  # NaN: JSON null
     record = {"checkpoint": str(model_dir), **metrics, **dict.fromkeys(undefined)}

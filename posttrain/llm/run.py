@@ -50,10 +50,10 @@ from posttrain.llm.rollout.oracle import OracleStage
 from posttrain.llm.rollout.replay import ReplayStage
 from posttrain.llm.rollout.reward_fn import with_reward_function
 from posttrain.llm.rollout.stages import RolloutStage
-from posttrain.llm.rollout.text import encode_prompts
 from posttrain.llm.train.parallel import wrap_frozen, wrap_model
 from posttrain.llm.train.rundir import (
     RunDirError,
+    append_jsonl,
     atomic_directory,
     atomic_write_text,
     check_run_dir,
@@ -216,8 +216,7 @@ def build_initial(
             batch_size=cfg.data.sft_batch_size,
             lr=cfg.data.sft_lr,
             seed=cfg.seed,
-            chat_template=cfg.model.chat_template,
-            system=cfg.model.system_prompt,
+            **cfg.model.prompt_format().options(),
             on_step=on_sft_step,
         )
         rows = [json.dumps({"step": i + 1, "loss": loss}) for i, loss in enumerate(losses)]
@@ -299,7 +298,7 @@ def build_trainer(
         task=task,
     )  # fmt: skip
     if algorithm.edge is not None:  # the method's own pieces, e.g. Self-Routing's router and queue-only forwards
-        encode = functools.partial(encode_prompts, tokenizer, chat_template=m.chat_template, system=m.system_prompt)
+        encode = functools.partial(m.prompt_format().encode, tokenizer)
         own_stages, own_fillers = algorithm.edge(
             EdgeContext(
                 cfg.seed,
@@ -381,8 +380,7 @@ def grpo_then_es(
     fitness = generation_fitness(
         model, trainer.tokenizer, trainer.task, prompts_per_step=prompts_per_step, seed=es_config.seed,
         max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
-        chat_template=cfg.model.chat_template, system=cfg.model.system_prompt,
-        micro_batch=micro_batch,
+        **cfg.model.prompt_format().options(), micro_batch=micro_batch,
     )  # fmt: skip
     es_logs = es_train(trainable_params(model), fitness, es_config, on_step=on_step)
     with atomic_directory(Path(out_dir) / "es") as tmp:
@@ -414,8 +412,7 @@ def es_from_config(
 
     def log(entry: EsStepLog) -> None:
         if rank_world(None)[0] == 0:
-            with open(log_path, "a") as f:
-                f.write(json.dumps({**entry._asdict(), "step": entry.step + 1}) + "\n")
+            append_jsonl(log_path, {**entry._asdict(), "step": entry.step + 1})
         if on_step is not None:
             on_step(entry)
 

@@ -27,7 +27,7 @@ from posttrain.errors import DomainError
 from posttrain.llm.config import RunConfig, RunPlan
 from posttrain.llm.methods.pairs import label_pairs, pool_forward, read_pairs, write_pairs
 from posttrain.llm.policy import prepare_policy
-from posttrain.llm.rollout.text import encode_prompts, score_responses
+from posttrain.llm.rollout.text import score_responses
 from posttrain.llm.run import ENGINE_FACTORIES, as_plan, build_initial, load_model, training_task
 from posttrain.llm.train.dpo import train_dpo
 from posttrain.llm.train.rundir import atomic_write_text, check_run_dir, claim_run_dir
@@ -45,8 +45,7 @@ def sample_pool(plan: RunPlan, model: Any, tokenizer: Any, task: Any, model_dir:
     p = cfg.pairs
     g, k = p.prompts, p.completions
     problems = task.sample(random.Random(cfg.seed), g)
-    prompts = encode_prompts(tokenizer, [x.prompt for x in problems], chat_template=cfg.model.chat_template,
-                             system=cfg.model.system_prompt)  # fmt: skip
+    prompts = cfg.model.prompt_format().encode(tokenizer, [x.prompt for x in problems])
     t0 = time.perf_counter()
     engine = ENGINE_FACTORIES[cfg.rollout.engine](cfg, plan.sampling, model, tokenizer, model_dir)
     r = engine.generate(prompts, n=k, seed=cfg.seed)
@@ -149,8 +148,7 @@ def dpo_from_config(
 
         def evaluate(policy: Any) -> dict[str, float]:
             return held_out(policy, tokenizer, task, n_prompts=cfg.data.eval_prompts, n_samples=cfg.logging.eval_samples,
-                            seed=cfg.seed, sampling=plan.sampling, chat_template=m.chat_template,
-                            system=m.system_prompt)  # fmt: skip
+                            seed=cfg.seed, sampling=plan.sampling, **m.prompt_format().options())  # fmt: skip
 
     with metric_sinks(cfg, out) as to_sinks:
 

@@ -40,7 +40,7 @@ def evaluate_model(model_dir: str | Path, config: Any, *, prompts: int, samples:
     from posttrain.llm.rollout.engine import HFEngine
     from posttrain.llm.rollout.logprobs import token_logprobs
     from posttrain.llm.rollout.tasks import make_task
-    from posttrain.llm.rollout.text import encode_prompts, score_responses
+    from posttrain.llm.rollout.text import score_responses
     from posttrain.llm.run import load_model
     from posttrain.llm.train.evaluate import HELD_OUT_OFFSET, held_out_problems
 
@@ -56,8 +56,7 @@ def evaluate_model(model_dir: str | Path, config: Any, *, prompts: int, samples:
     lengths: list[int] = []
     for c, lo in enumerate(range(0, prompts, CHUNK_PROMPTS)):
         chunk = problems[lo : lo + CHUNK_PROMPTS]
-        ids = encode_prompts(tokenizer, [p.prompt for p in chunk], chat_template=config.model.chat_template,
-                             system=config.model.system_prompt)  # fmt: skip
+        ids = config.model.prompt_format().encode(tokenizer, [p.prompt for p in chunk])
         r = engine.generate(ids, n=samples, seed=seed + HELD_OUT_OFFSET + c)
         rewards, texts = score_responses(tokenizer, task, chunk, r.response_ids, r.mask, samples)
         for i, p in enumerate(chunk):

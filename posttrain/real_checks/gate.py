@@ -106,14 +106,13 @@ def probe_metrics(model_dir: str, config: Any, *, prompts: int, samples: int, se
     bootstrap intervals (``"interval"``) and the raw rewards, lengths and domains they come from."""
     from posttrain.llm.rollout.engine import HFEngine
     from posttrain.llm.rollout.tasks import make_task
-    from posttrain.llm.rollout.text import encode_prompts, score_responses
+    from posttrain.llm.rollout.text import score_responses
     from posttrain.llm.run import load_model
 
     model, tokenizer = load_model(model_dir, config)
     task = make_task(config.data.task, **config.data.options)
     problems = task.sample(random.Random(seed + PROBE_OFFSET), prompts)
-    ids = encode_prompts(tokenizer, [p.prompt for p in problems], chat_template=config.model.chat_template,
-                         system=config.model.system_prompt)  # fmt: skip
+    ids = config.model.prompt_format().encode(tokenizer, [p.prompt for p in problems])
     engine = HFEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
                       sampling=config.rollout.sampling())  # fmt: skip
     r = engine.generate(ids, n=samples, seed=seed + PROBE_OFFSET)

@@ -27,6 +27,7 @@ from posttrain.llm.rollout.oracle import OracleConfig
 from posttrain.llm.rollout.replay import ReplayConfig
 from posttrain.llm.rollout.reward_fn import is_reward_spec
 from posttrain.llm.rollout.tasks import TASKS
+from posttrain.llm.rollout.text import PromptFormat
 from posttrain.llm.tools.tiny import TinyConfig
 from posttrain.llm.train.evaluate import eval_metric_names
 from posttrain.llm.train.optim import SCHEDULERS, optimizer_names
@@ -83,6 +84,10 @@ class ModelConfig(Checked):
     """Recompute each layer's activations in the backward pass (less memory, one more forward)."""
     lora: LoraConfig | None = None
     """LoRA adapters through peft (`LoraConfig`); null: full fine-tuning."""
+
+    def prompt_format(self) -> PromptFormat:
+        """The run's one `PromptFormat` (``chat_template``, ``system_prompt``): every prompt encoder reads this one."""
+        return PromptFormat(self.chat_template, self.system_prompt)
 
     def check(self) -> None:
         if self.teacher is not None and self.teachers is not None:

@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-__all__ = ["decode_responses", "encode_prompts", "right_pad", "score_responses"]
+__all__ = ["PromptFormat", "decode_responses", "encode_prompts", "right_pad", "score_responses"]
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a run turns prompts into token ids: as a user turn of the tokenizer's chat template
+    (``chat_template``) after a ``system`` turn, or as plain text. One value per run
+    (``ModelConfig.prompt_format``), handed to whatever encodes prompts."""
+
+    chat_template: bool = False
+    system: str | None = None
+
+    def encode(self, tokenizer: Any, prompts: Sequence[str]) -> list[list[int]]:
+        """`encode_prompts` with this format."""
+        return encode_prompts(tokenizer, prompts, chat_template=self.chat_template, system=self.system)
+
+    def options(self) -> dict[str, Any]:
+        """The ``chat_template`` / ``system`` keywords of the functions that encode prompts themselves."""
+        return {"chat_template": self.chat_template, "system": self.system}
 
 
 def encode_prompts(

@@ -113,9 +113,7 @@ def _mean_prompt_tokens(cfg: Any, task: Any) -> float | None:
         return None
     from transformers import AutoTokenizer
 
-    from posttrain.llm.rollout.text import encode_prompts
-
-    ids = encode_prompts(AutoTokenizer.from_pretrained(local), prompts, chat_template=cfg.model.chat_template)
+    ids = cfg.model.prompt_format().encode(AutoTokenizer.from_pretrained(local), prompts)
     return sum(len(x) for x in ids) / len(ids)
 
 

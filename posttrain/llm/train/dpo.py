@@ -19,7 +19,6 @@ the optimizer state, not the data position), no padding-free packing of chosen a
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +33,7 @@ from posttrain.llm.methods.pairs import PreferencePair
 from posttrain.llm.train import checkpoint
 from posttrain.llm.train.optim import optimization
 from posttrain.llm.train.parallel import clip_gradients
+from posttrain.llm.train.rundir import append_jsonl
 
 if TYPE_CHECKING:
     from posttrain.llm.config import RunConfig
@@ -54,9 +54,7 @@ def pair_logprobs(
     chosen, rejected = [], []
     with torch.no_grad():
         for s in _chunks(len(pairs), chunk):
-            enc = encode_pairs(
-                tokenizer, pairs[s], chat_template=cfg.model.chat_template, system=cfg.model.system_prompt
-            )
+            enc = encode_pairs(tokenizer, pairs[s], **cfg.model.prompt_format().options())
             lp = sequence_logprobs(model, enc.to(device))
             chosen.append(lp[: enc.num_pairs])
             rejected.append(lp[enc.num_pairs :])
@@ -121,7 +119,7 @@ def train_dpo(
         losses, margins, accs, chosen_r, rejected_r, ties = [], [], [], [], [], []
         for s in _chunks(len(idx), d.micro_batch_size or len(idx)):
             part = [pairs[i] for i in idx[s]]
-            enc = encode_pairs(tokenizer, part, chat_template=cfg.model.chat_template, system=cfg.model.system_prompt)
+            enc = encode_pairs(tokenizer, part, **cfg.model.prompt_format().options())
             enc = enc.to(device)
             rows = torch.tensor(idx[s], device=device)
             ref = torch.cat([ref_logp[rows], ref_logp[rows + n]])
@@ -162,8 +160,7 @@ def train_dpo(
                 row.update({f"eval/{k}": v for k, v in evaluate(model).items()})
         history.append(row)
         if out is not None:
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_jsonl(out / "metrics.jsonl", row)
             if (every and step % every == 0) or step == cfg.optim.steps:
                 state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
                 checkpoint.save_checkpoint(out / "checkpoints", step, model=model, tokenizer=tokenizer, state=state,

@@ -106,7 +106,7 @@ class Trainer:
         fillers: Mapping[Need, Filler] | Mapping[str, Filler] | None = None,
         stages: Sequence[RolloutStage] = (),
     ) -> None:
-        self.cfg, self.model, self.tokenizer, self.task = cfg, model, tokenizer, task
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.engine, self.algorithm, self.stages = engine, algorithm, tuple(stages)
         self.sampling = sampling
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -127,9 +127,10 @@ class Trainer:
             raise ValueError(
                 f"data.prompts_per_step={cfg.data.prompts_per_step} must be a multiple of the world size {self.world}"
             )
+        self.prompt_format = cfg.model.prompt_format()
         self.maker = RolloutMaker(
             tokenizer, task, engine, cfg.data.prompts_per_step, cfg.seed, self.rank, self.world,
-            cfg.model.chat_template, cfg.model.system_prompt,
+            **self.prompt_format.options(),
         )  # fmt: skip
         self.rollouts = rollout_source(
             cfg.rollout, policy=self.policy, tokenizer=tokenizer, task=task, sampling=sampling,
@@ -141,6 +142,15 @@ class Trainer:
         self.stage_unjudged = 0
         self.resumed_with: dict[str, list[Any]] | None = None
         """The resumable config keys a resume changed (``{key: [old, new]}``), logged on the next step's row."""
+
+    @property
+    def task(self) -> Task:
+        """The task the rollouts are drawn from and scored by (the one `RolloutMaker` holds)."""
+        return self.maker.task
+
+    @task.setter
+    def task(self, task: Task) -> None:
+        self.maker = dataclasses.replace(self.maker, task=task)
 
     @property
     def current_algorithm(self) -> Algorithm:
@@ -426,6 +436,5 @@ class Trainer:
         return evaluate(
             self.policy, self.tokenizer, self.task, n_prompts=self.cfg.data.eval_prompts,
             n_samples=self.cfg.logging.eval_samples, ks=ks, seed=self.cfg.seed, sampling=sampling,
-            chat_template=self.cfg.model.chat_template, system=self.cfg.model.system_prompt,
-            engine=synced_engine(self.model, self.tokenizer, sampling),
+            **self.prompt_format.options(), engine=synced_engine(self.model, self.tokenizer, sampling),
         )  # fmt: skip

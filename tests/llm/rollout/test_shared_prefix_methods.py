@@ -15,8 +15,14 @@ from typing import Any
 import pytest
 import torch
 
-from posttrain.estimators import AggregationMode, aggregate, clipped_ratio_loss, group_normalized_advantages, k3_kl
-from posttrain.estimators import broadcast_sequence_advantages
+from posttrain.estimators import (
+    AggregationMode,
+    aggregate,
+    broadcast_sequence_advantages,
+    clipped_ratio_loss,
+    group_normalized_advantages,
+    k3_kl,
+)
 from posttrain.llm.methods.mopd import topk_forward
 from posttrain.llm.methods.needs import logp_filler
 from posttrain.llm.rollout import logprobs, shared_prefix
