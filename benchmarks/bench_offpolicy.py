@@ -21,9 +21,7 @@ import statistics
 import torch
 
 from benchmarks._timing import Row, time_pair
-from posttrain.estimators import aggregate, clipped_ratio_loss
-from posttrain.estimators import replay_add, replay_init, replay_select
-from posttrain.estimators import sis_loss
+from posttrain.estimators import aggregate, clipped_ratio_loss, replay_add, replay_init, replay_select, sis_loss
 from posttrain.estimators.importance import sis_rejection_test
 
 TARGET_SIS = 1.10

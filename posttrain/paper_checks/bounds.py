@@ -250,8 +250,8 @@ def mean_lower_bound(x: Any, *, lo: float, hi: float, alpha: float) -> Any:
         ``[...]`` bounds (a float for 1-d ``x``), in ``[lo, max(x)]``.
 
     Raises:
-        ShapeError: ``x`` is 0-d or has no values. DomainError: a value is NaN, infinite or outside the
-        range; ``lo >= hi``; ``alpha`` outside (0, 1).
+        ShapeError: ``x`` is 0-d or has no values.
+        DomainError: a value is NaN, infinite or outside the range; ``lo >= hi``; ``alpha`` outside (0, 1).
 
     Examples:
         >>> round(mean_lower_bound([1.0] * 10, lo=-1.0, hi=1.0, alpha=0.025), 4)  # -1 + 2 c / (40**0.1 - 1 + c)

@@ -110,6 +110,7 @@ def inversion_rate(
     rate each. Returns 0 where no row has $c_i > 0$.
 
     Examples:
+        >>> from posttrain.estimators.advantages.oracle import naive_injection_advantages
         >>> r = torch.tensor([[0.2] * 7 + [0.28]])
         >>> float(inversion_rate(r, naive_injection_advantages(r, torch.ones(1))[:, :-1]))
         1.0
