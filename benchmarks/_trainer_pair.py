@@ -45,12 +45,14 @@ class Side:
     """Ours only: each step's G prompt lengths and ``[G][K]`` response lengths (the compute floor's input)."""
     flops: float | None = None
     """FLOPs of one untimed step (``torch.utils.flop_counter``: matmuls and attention kernels it knows)."""
+    first_wall_s: float | None = None
+    """Ours only: wall time of that untimed step, the trainer's first (a ``torch.compile`` happens in it)."""
 
     def after(self, warmup: int) -> Side:
         """The same measurements without the first ``warmup`` steps."""
         return Side(
             self.step_s[warmup:], self.gen_s[warmup:], self.tokens[warmup:], self.decode_steps[warmup:],
-            self.wall_s[warmup:], self.shapes[warmup:], self.flops,
+            self.wall_s[warmup:], self.shapes[warmup:], self.flops, self.first_wall_s,
         )  # fmt: skip
 
     @property
@@ -134,8 +136,10 @@ class Ours:
         self.side.tokens.append(metrics["response_len"] * self.rows)
 
     def count_flops(self) -> None:
-        """Count one untimed step's FLOPs (its measurements are dropped)."""
+        """Count one untimed step's FLOPs (its measurements are dropped; its wall time is kept apart)."""
+        wall = time.perf_counter()
         self.side.flops = _flops(self.trainer.train_step)
+        self.side.first_wall_s = time.perf_counter() - wall
         del self.side.gen_s[-1], self.side.decode_steps[-1], self.side.shapes[-1]
 
 

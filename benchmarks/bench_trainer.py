@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             if have_vllm:
                 vllm.append(_vllm_pair(args, setup, f"{tmp}/pair{r}"))
         if args.compile_decode:
-            first = Spread.of([s.wall_s[0] for s in ours_warm])
+            first = Spread.of([s.first_wall_s if s.first_wall_s is not None else s.wall_s[0] for s in ours_warm])
             print(
                 f"ours: rollout.compile_decode on; first step (the compile; later repeats reuse it) {first} s wall, "
                 "untimed (warm-up)"
