@@ -300,6 +300,9 @@ def real_check(
     update_docs: bool = typer.Option(False, "--update-docs", help="Store the results and regenerate the docs."),
     train_ungated: bool = typer.Option(False, "--train-ungated", help="Train arms whose probe misses the regime."),
     gate_only: bool = typer.Option(False, "--gate-only", help="Probe and gate the base model; train nothing."),
+    cached_only: bool = typer.Option(
+        False, "--cached-only", help="Train nothing; judge the experiments whose runs are all finished under --root."
+    ),
     pilot: bool = typer.Option(False, "--pilot", help="Run 3 pilot seeds and record them for the seed plans."),
     plan: bool = typer.Option(False, "--plan", help="Print the experiments' seeds and arms; run nothing."),
     budget: bool = typer.Option(False, "--budget", help="Price the full plan from the measure profile's runs."),
@@ -310,8 +313,8 @@ def real_check(
 
     code = run_real(
         ids or [], profile=profile, seeds=seeds, root=root, out=out, update_docs=update_docs,
-        train_ungated=train_ungated, plan=plan, budget=budget, gate_only=gate_only, pilot=pilot, threads=threads,
-        console=console,
+        train_ungated=train_ungated, plan=plan, budget=budget, gate_only=gate_only, cached_only=cached_only,
+        pilot=pilot, threads=threads, console=console,
     )  # fmt: skip
     raise typer.Exit(code)
 

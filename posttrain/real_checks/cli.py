@@ -1,8 +1,8 @@
 """``posttrain real-check``: the real-model tier of the paper checks (runs, results file, docs, budget).
 
     posttrain real-check [IDS] [--profile full|measure|smoke] [--seeds N] [--root runs/real_checks]
-                         [--out DIR] [--update-docs] [--train-ungated] [--gate-only] [--pilot]
-                         [--plan] [--budget] [--threads 2]
+                         [--out DIR] [--update-docs] [--train-ungated] [--gate-only] [--cached-only]
+                         [--pilot] [--plan] [--budget] [--threads 2]
 
 ``--profile full`` (default) is the suite on SmolLM2-135M-Instruct; ``measure`` runs every arm for 2
 steps with a small evaluation (the per-step costs the budget reads); ``smoke`` runs every experiment
@@ -11,7 +11,9 @@ too, so every path runs). Runs are cached under ``--root`` by their content key:
 resumes where it stopped. ``--out`` writes ``real_results.json``; ``--update-docs`` (a full run) also
 stores it as ``docs/paper_checks/real_results.json`` and regenerates the method pages' "On a real
 model" sections and the transfer table of ``docs/validation.md``. ``--gate-only`` probes the base model
-and applies the regime gates without training anything; ``--pilot`` runs 3 pilot seeds (10000-10002) of
+and applies the regime gates without training anything; ``--cached-only`` trains nothing either and judges
+each experiment whose planned runs are all finished under ``--root`` (the others are *not run*, with the
+count of finished runs): the results file and docs of a suite run in parts; ``--pilot`` runs 3 pilot seeds (10000-10002) of
 each selected experiment and records its primary differences in ``docs/paper_checks/real_pilot.json``,
 from which the seed plans are then drawn (`posttrain.real_checks.plan`). ``--plan`` prints the jobs and
 seeds without running; ``--budget`` prices the full plan from the ``measure`` records under ``--root``.
@@ -139,6 +141,7 @@ def main(
     plan: bool = False,
     budget: bool = False,
     gate_only: bool = False,
+    cached_only: bool = False,
     pilot: bool = False,
     threads: int = 2,
     console: Console | None = None,
@@ -173,11 +176,14 @@ def main(
         console.print(f"{len(arms_of(exps))} arms in all (shared arms once per seed)")
         return 0
     torch.set_num_threads(threads)
-    if pilot and (gate_only or update_docs or profile != "full"):
+    if gate_only and cached_only:
+        console.print("[red]--gate-only and --cached-only: choose one (both train nothing)[/]")
+        return 2
+    if pilot and (gate_only or cached_only or update_docs or profile != "full"):
         console.print("[red]--pilot runs the full profile's pilot seeds alone (no --gate-only, --update-docs)[/]")
         return 2
     payload = run_suite(exps, prof, root, seeds=seeds, train_ungated=train_ungated or profile == "smoke",
-                        gate_only=gate_only, pilot=pilot, log=lambda line: console.print(f"[dim]{line}[/]"))  # fmt: skip
+                        gate_only=gate_only, pilot=pilot, cached_only=cached_only, log=lambda line: console.print(f"[dim]{line}[/]"))  # fmt: skip
     _print_summary(payload, console)
     text = json.dumps(payload, indent=1, default=float) + "\n"
     if pilot:

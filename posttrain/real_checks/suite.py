@@ -120,11 +120,18 @@ def _entry(exp: RealExperiment, n: int) -> dict[str, Any]:
             "seed_reason": seed_plan(exp)[1], "arms": list(exp.arms)}  # fmt: skip
 
 
+def _missing_runs(exp: RealExperiment, runner: Runner, seeds: range) -> int:
+    """How many of the experiment's (arm, seed) runs have no finished record under the runner's root."""
+    return sum(runner.cached(a, s) is None for s in seeds for a in exp.arms)
+
+
 def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path, seeds: range,
-               train_ungated: bool, gate_only: bool) -> dict[str, Any]:  # fmt: skip
+               train_ungated: bool, gate_only: bool, cached_only: bool = False) -> dict[str, Any]:  # fmt: skip
     entry = _entry(exp, len(seeds))
     if exp.scope:
         entry.update(verdict=RealVerdict.OUT_OF_SCOPE.value, reason=exp.scope)
+        if exp.context and cached_only and _missing_runs(exp, runner, range(1)):
+            return entry
         if exp.context and not gate_only:
             per_seed = [{a: runner.record(a, 0) for a in exp.arms}]
             entry["context"] = {f"{m} {a}": _metric(per_seed[0][a], m) for a, m in exp.context}
@@ -143,6 +150,14 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
     if gate_only:
         entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
+        return entry
+    missing = _missing_runs(exp, runner, seeds) if cached_only else 0
+    if missing:
+        total = len(seeds) * len(exp.arms)
+        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
+                     runs_cached=total - missing, runs_planned=total,
+                     reason=f"the probe mediators are in the toy's range; {total - missing} of the {total} planned runs "
+                            f"(arm x seed) are finished, so no verdict yet")  # fmt: skip
         return entry
     per_seed = [{a: runner.record(a, s) for a in exp.arms} for s in seeds]
     gate = gate_rows(exp.card.mediators, probes, per_seed[0])
@@ -167,12 +182,15 @@ def run_suite(
     train_ungated: bool = False,
     gate_only: bool = False,
     pilot: bool = False,
+    cached_only: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run ``exps`` on ``profile`` with runs cached under ``root``; returns the results payload (``real_results.json``).
 
     ``gate_only``: probe and gate, train nothing (an experiment that passes is *not run*); ``pilot``: run
-    `PILOT_SEEDS` seeds from `PILOT_OFFSET` (never evaluation seeds) for the seed plan.
+    `PILOT_SEEDS` seeds from `PILOT_OFFSET` (never evaluation seeds) for the seed plan; ``cached_only``:
+    train nothing, judge the experiments whose planned runs are all finished under ``root`` and report the
+    others as *not run* with the count of finished runs (a results file of a suite run in parts).
     """
     import os
     import platform
@@ -187,7 +205,7 @@ def run_suite(
         n = PILOT_SEEDS if pilot else planned_seeds(exp, profile, seeds)
         span = range(PILOT_OFFSET, PILOT_OFFSET + n) if pilot else range(n)
         try:
-            entries.append(_judge_one(exp, profile, runner, folder, span, train_ungated, gate_only))
+            entries.append(_judge_one(exp, profile, runner, folder, span, train_ungated, gate_only, cached_only))
         except Exception as exc:
             entries.append({**_entry(exp, n), "verdict": RealVerdict.ERROR.value,
                             "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})  # fmt: skip
@@ -198,7 +216,9 @@ def run_suite(
             "torch_threads": torch.get_num_threads(), "load_average_end": list(load),
             "wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
-    mode = profile.name + (" (gate only)" if gate_only else " (pilot)" if pilot else "")
+    mode = profile.name + (
+        " (gate only)" if gate_only else " (pilot)" if pilot else " (cached runs)" if cached_only else ""
+    )
     return {"mode": mode, "run": meta, "experiments": entries}
 
 

@@ -104,7 +104,7 @@ E11 = RealExperiment(
                  "at equal rollouts per prompt", (
         Mediator("share of zero-variance groups", "add:zero_variance_groups",
                  "groups with no signal, which branching from informative prefixes can rescue",
-                 toy_metric_range("11b", "zero-variance groups grpo8")),
+                 toy_metric_range("11b", "zero-variance groups GRPO-8")),
     ), {"budget": "8 rollouts per prompt in both arms", "reward": "binary", "p0": "~0.2"}),
     (Contrast("RAIL - GRPO-8", diff("accuracy", "rail", "grpo"), Role.PRIMARY),),
     context=(("rail", "accuracy"), ("grpo", "accuracy"), ("rail", "flops_step"), ("grpo", "flops_step")),

@@ -34,6 +34,19 @@ def test_the_card_reads_the_registered_toy_check():
     assert t["abstract"] == CHECKS.get("16").abstract and t["claim"] == CHECKS.get("16").claim
 
 
+def test_every_mediator_finds_its_toy_range_in_the_stored_toy_results():
+    """A mediator whose toy metric is misnamed would gate its experiment out as *regime not reached* (NaN range)."""
+    from posttrain.real_checks import select_experiments
+
+    unfound = [
+        (e.id, m.name, r.origin)
+        for e in select_experiments([])
+        for m in e.card.mediators
+        if not (math.isfinite((r := m.toy()).lo) and math.isfinite(r.hi))
+    ]
+    assert unfound == []
+
+
 def test_overrides_tasks_and_teachers_resolve():
     tree = arm_config(PROFILES["full"], ARMS["opd_then_rl"], 3, {"teacher_add": "/t"})
     assert tree["seed"] == 3 and tree["model"]["teacher"] == "/t"

@@ -1,4 +1,4 @@
-"""Seed plans from a recorded pilot, the pilot file, and the gate-only mode (probes only, nothing trained)."""
+"""Seed plans from a recorded pilot, the pilot file, the gate-only and cached-only modes (nothing trained)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,20 @@ def test_gate_only_trains_nothing(tmp_path: Path):
     assert verdicts["11"] in (RealVerdict.NOT_RUN.value, RealVerdict.REGIME_NOT_REACHED.value)
     assert not any(line.startswith(("train ", "resume ")) for line in lines)
     assert all("gate" in e for e in out["experiments"] if e["id"] != "09")
+
+
+@pytest.mark.slow
+def test_cached_only_judges_finished_experiments_and_trains_nothing(tmp_path: Path):
+    lines: list[str] = []
+    ids = select_experiments(["19"])
+    smoke = {"train_ungated": True}  # the tiny model misses the regimes; the smoke tier trains anyway
+    before = run_suite(ids, PROFILES["smoke"], tmp_path, cached_only=True, log=lines.append, **smoke)
+    entry = before["experiments"][0]
+    assert entry["verdict"] == RealVerdict.NOT_RUN.value and entry["runs_cached"] == 0
+    assert entry["runs_planned"] == len(entry["arms"]) and "gate" in entry
+    assert not any(line.startswith(("train ", "resume ")) for line in lines)
+    trained = run_suite(ids, PROFILES["smoke"], tmp_path, log=lines.append, **smoke)["experiments"][0]
+    lines.clear()
+    after = run_suite(ids, PROFILES["smoke"], tmp_path, cached_only=True, log=lines.append, **smoke)["experiments"][0]
+    assert after["verdict"] == trained["verdict"] != RealVerdict.NOT_RUN.value
+    assert not any(line.startswith(("train ", "resume ")) for line in lines)
