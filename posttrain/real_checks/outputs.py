@@ -236,7 +236,9 @@ def update_docs(
 ) -> list[Path]:
     """Rewrite the generated parts of the docs under ``root`` (the repository) from ``results``; returns the files.
 
-    ``pages=False`` rewrites only the transfer table of ``docs/validation.md``.
+    The method pages' sections, the transfer table of ``docs/validation.md`` and the README method table's
+    "real model" cells (its other generated cells from the stored toy results, unchanged);
+    ``pages=False`` rewrites only the transfer table.
     """
     from posttrain.papers import paper
 
@@ -253,7 +255,16 @@ def update_docs(
         written.append(page)
     validation = root / "docs" / "validation.md"
     validation.write_text(_replace(validation.read_text(), _TABLE, transfer_table(results, toy)))
-    return [*written, validation]
+    written.append(validation)
+    readme = root / "README.md"
+    if pages and readme.is_file():
+        from posttrain.paper_checks.readme_table import STORED_MUTANTS, render_table
+
+        mutants = root / STORED_MUTANTS
+        runs = json.loads(mutants.read_text()) if mutants.is_file() else None
+        readme.write_text(render_table(readme.read_text(), toy, runs, dict(results))[0])
+        written.append(readme)
+    return written
 
 
 if __name__ == "__main__":  # pragma: no cover - a thin command-line wrapper

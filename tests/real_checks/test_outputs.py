@@ -87,3 +87,25 @@ def test_update_docs_writes_sections_figures_and_the_table(tmp_path: Path):
     assert tmp_path / "docs" / "validation.md" in written
     assert "Verdict: reproduced" in method_section(REAL["experiments"][0])
     json.dumps(REAL)
+
+
+def test_update_docs_fills_the_readme_real_model_column_and_keeps_the_other_cells(tmp_path: Path):
+    from posttrain.paper_checks.readme_table import BEGIN, END, REAL_COLUMN, render_table
+
+    (tmp_path / "docs" / "paper_checks").mkdir(parents=True)
+    (tmp_path / "docs" / "validation.md").write_text("# Validation\n")
+    readme = (f"intro\n{BEGIN}\n| # | paper | check | can it fail | status |\n| --- | --- | --- | --- | --- |\n"
+              f"| 01 | OPD | 01 | m: contradicted | old |\n| 02 | HDR | 02 | m: inconclusive | old |\n"
+              f"| 20 | GARL | 20a, 20b | - | old |\n{END}\ntail\n")  # fmt: skip
+    (tmp_path / "README.md").write_text(readme)
+    toy: dict = {"checks": []}  # no stored toy results: their cells stay as written
+    written = update_docs(REAL, tmp_path, toy=toy, pages=True)
+    text = (tmp_path / "README.md").read_text()
+    assert tmp_path / "README.md" in written and text.startswith("intro\n") and text.endswith("tail\n")
+    lines = text.splitlines()
+    assert lines[2] == f"| # | paper | check | can it fail | {REAL_COLUMN} | status |"
+    row01 = next(x for x in lines if x.startswith("| 01 "))
+    assert row01 == "| 01 | OPD | 01 | m: contradicted | reproduced (3 seeds, share 1 [0.7, 1]) | old |"
+    assert "| 02 | HDR | 02 | m: inconclusive | inconclusive (3 seeds, share 1 [0.7, 1]) | old |" in lines
+    assert "| 20 | GARL | 20a, 20b | - | - | old |" in lines  # no real record for 20
+    assert render_table(text, toy, None, REAL)[1] == 0  # idempotent
