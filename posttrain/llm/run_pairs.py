@@ -29,6 +29,7 @@ from posttrain.llm.methods.pairs import label_pairs, pool_forward, read_pairs, w
 from posttrain.llm.policy import prepare_policy
 from posttrain.llm.rollout.text import score_responses
 from posttrain.llm.run import ENGINE_FACTORIES, as_plan, build_initial, load_model, training_task
+from posttrain.llm.tools.models import resolve_model_path
 from posttrain.llm.train.dpo import train_dpo
 from posttrain.llm.train.rundir import atomic_write_text, check_run_dir, claim_run_dir
 from posttrain.llm.train.sinks import metric_sinks
@@ -132,7 +133,7 @@ def dpo_from_config(
     path = _pairs_file("dpo.pairs", d.pairs)
     pairs = read_pairs(path, where="dpo.pairs")
     eval_pairs = read_pairs(_pairs_file("dpo.eval_pairs", d.eval_pairs), where="dpo.eval_pairs") if d.eval_pairs else []
-    model_dir = Path(cfg.model.path) if cfg.model.path else path.parent / "initial"
+    model_dir = Path(resolve_model_path(cfg.model.path) or "") if cfg.model.path else path.parent / "initial"
     if not cfg.model.path and not (model_dir / "config.json").is_file():
         raise DomainError(f"model.path: null and {model_dir} holds no model; set model.path to the DPO initial model")
     check_run_dir(out, cfg, resume=False, overwrite=overwrite)

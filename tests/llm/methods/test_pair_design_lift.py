@@ -251,3 +251,31 @@ def test_design_then_dpo_end_to_end(tmp_path: Path) -> None:
     assert rows[0]["loss"] == pytest.approx(
         float(F.softplus(torch.tensor(0.0))), rel=1e-5
     )  # policy = reference at step 1
+
+
+def test_dpo_resolves_a_registered_model_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model.path`` may name a prepared model (as in the SmolLM2 examples): the policy and reference load from its
+    directory, never from the hub under that name."""
+    import shutil
+
+    from posttrain.llm.tools import models
+
+    design_dir, run_dir = tmp_path / "design", tmp_path / "dpo"
+    small = ["model.tiny.num_hidden_layers=1", "data.sft_steps=0", "pairs.prompts=2", "pairs.completions=4",
+             "pairs.n_pairs=4", "pairs.pca_dim=4", "pairs.ties=keep", "rollout.max_new_tokens=3"]  # fmt: skip
+    result = _invoke("pairs", str(EXAMPLES / "pairs_design_tiny_cpu.yaml"), "--out", str(design_dir),
+                     *[a for s in small for a in ("--set", s)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    name = next(iter(models.MODELS))
+    prepared = models.model_dir(name)
+    shutil.copytree(design_dir / "initial", prepared)
+    (prepared / models.MARKER).write_text("{}")
+    pairs = design_dir / "pairs.jsonl"
+    sets = [f"model.path={name}", f"dpo.pairs={pairs}", f"dpo.eval_pairs={pairs}", "optim.steps=1", "dpo.batch_size=2"]
+    result = _invoke(
+        "dpo", str(EXAMPLES / "dpo_tiny_cpu.yaml"), "--out", str(run_dir), *[a for s in sets for a in ("--set", s)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "checkpoints" / "step_000001" / "model" / "model.safetensors").is_file()
