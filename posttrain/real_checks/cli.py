@@ -64,7 +64,7 @@ def budget_of(ids: list[str], root: Path, seeds: int | None = None, *, gated: bo
     skipped = [e.id for e in chosen if gated and _gated_out(e, root)]
     exps = [e for e in chosen if e.id not in skipped]
     full, meas = PROFILES["full"], PROFILES["measure"]
-    samples = sample_plan(full, exps)
+    samples = sample_plan(full)
     runner = Runner(full, ARMS, root / "full", samples=samples)
     per_exp: dict[str, set[tuple[str, int]]] = {}
 
@@ -85,7 +85,7 @@ def budget_of(ids: list[str], root: Path, seeds: int | None = None, *, gated: bo
         steps[name] = {Kind.RL: tree["optim"]["steps"], Kind.ES: tree.get("es", {}).get("steps", 0),
                        Kind.DPO: tree["optim"]["steps"]}.get(kind, 0) + int(tree["data"].get("sft_steps", 0))  # fmt: skip
         evals[name] = full.eval_prompts * samples.get(name, full.eval_samples)
-    measured_runner = Runner(meas, ARMS, root / "measure", samples=sample_plan(meas, exps))
+    measured_runner = Runner(meas, ARMS, root / "measure", samples=sample_plan(meas))
     measured = {a: r for a in {n for n, _ in jobs} if (r := measured_runner.cached(a, 0)) is not None}
     out = estimate(sorted(jobs), steps, evals, measured)
     seen: set[tuple[str, int]] = set()

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from posttrain.errors import DomainError
 from posttrain.paper_checks.report import fmt
 
 __all__ = [
-    "REAL_COLUMN", "REAL_RESULTS", "lesson", "method_section", "real_model_cell", "standardised_effect",
+    "REAL_COLUMN", "REAL_RESULTS", "lesson", "merge_results", "method_section", "real_model_cell", "standardised_effect",
     "transfer_rows", "transfer_table", "update_docs", "write_figure",
 ]  # fmt: skip
 
@@ -68,13 +69,18 @@ def lesson(entry: Mapping[str, Any], toy_verdict: str | None) -> str:
         parts = [f"{g['name']} is {fmt(g['value'])} on SmolLM2, the toy tested {fmt(g['toy']['lo'])}-{fmt(g['toy']['hi'])}"
                  for g in misses]  # fmt: skip
         return "the toy's regime is not the real model's: " + "; ".join(parts)
+    if real == "not run":
+        done = "its arms not trained"
+        if "runs_planned" in entry:
+            done = f"{entry['runs_cached']} of {entry['runs_planned']} planned runs finished"
+        return f"nothing to learn yet: the real model has not been judged ({done})"
     if real in ("blocked", "out of scope", "error"):
         return f"not tested on the real model ({entry.get('reason') or entry.get('error') or real})"
     if real == "inconclusive":
         p = _primary(entry) or {}
         return (f"the real effect is too small or too noisy for {entry.get('seeds_run', 0)} seeds "
                 f"(share clearing {fmt(p.get('estimate'))}, detectable {fmt(p.get('mde'))} more): the toy's effect "
-                "size does not carry over at this scale")  # fmt: skip
+                "size is not confirmed at this scale, nor ruled out")  # fmt: skip
     return (
         f"with the mediators in the toy's range the real verdict is {real}: the mechanism the toy encodes is "
         "not what decides on a pretrained model"
@@ -160,6 +166,11 @@ def method_section(entry: Mapping[str, Any], figure: str | None = None) -> str:
     lines = [f"## On a real model: {entry['title']}", "",
              f"**Verdict: {entry['verdict']}** (SmolLM2-135M-Instruct, {entry.get('seeds_run', 0)} of "
              f"{entry.get('seeds_planned')} planned seeds; `posttrain real-check {entry['id']}`)."]  # fmt: skip
+    if entry.get("run"):
+        r = entry["run"]
+        lines += ["", f"Measured in its own run: commit {str(r.get('commit', '?'))[:7]}, code {r.get('code_digest', '?')}, "
+                      f"{r.get('date', '?')}, {fmt(r.get('wall_s', math.nan) / 3600)} h wall, "
+                      f"{fmt(r.get('cpu_s', math.nan) / 3600)} CPU h."]  # fmt: skip
     if entry.get("reason"):
         lines += ["", f"Why: {entry['reason']}"]
     if toy.get("abstract"):
@@ -222,6 +233,33 @@ def write_figure(entry: Mapping[str, Any], path: Path) -> bool:
     return True
 
 
+_UNJUDGED = frozenset({"not run", "error"})
+
+
+def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One results file from a suite run in parts: a later part's judged entry replaces an earlier entry of that id.
+
+    An entry that came from a part other than the first carries that part's ``run`` record (commit, code
+    digest, date, cost), so a page names where its verdict was measured; entries *not run* or in *error*
+    never replace anything.
+
+    Raises:
+        DomainError: ``parts`` is empty, or the parts mix modes (a smoke result beside a full one).
+    """
+    if not parts:
+        raise DomainError("parts: at least one results file")
+    modes = {p.get("mode") for p in parts}
+    if len(modes) != 1:
+        raise DomainError(f"parts: one mode in all, got {sorted(map(str, modes))}")
+    first = parts[0]
+    entries = {e["id"]: dict(e) for e in first.get("experiments", [])}
+    for part in parts[1:]:
+        for e in part.get("experiments", []):
+            if e["verdict"] not in _UNJUDGED:
+                entries[e["id"]] = {**e, "run": part.get("run", {})}
+    return {**first, "experiments": [entries[k] for k in sorted(entries)]}
+
+
 def _replace(text: str, markers: tuple[str, str], body: str) -> str:
     begin, end = markers
     block = f"{begin}\n{body}{end}\n"
@@ -262,7 +300,7 @@ def update_docs(
 
         mutants = root / STORED_MUTANTS
         runs = json.loads(mutants.read_text()) if mutants.is_file() else None
-        readme.write_text(render_table(readme.read_text(), toy, runs, dict(results))[0])
+        readme.write_text(render_table(readme.read_text(), dict(toy), runs, dict(results))[0])
         written.append(readme)
     return written
 
@@ -270,8 +308,15 @@ def update_docs(
 if __name__ == "__main__":  # pragma: no cover - a thin command-line wrapper
     import sys
 
-    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--table-only"):
-        sys.exit("usage: python -m posttrain.real_checks.outputs REAL_RESULTS.json [--table-only]")
+    args = [a for a in sys.argv[1:] if a != "--table-only"]
+    if not args:
+        sys.exit("usage: python -m posttrain.real_checks.outputs REAL_RESULTS.json [MORE.json ...] [--table-only]\n"
+                 "  several files: a suite run in parts, merged (later judged entries win) and stored in the docs")  # fmt: skip
     repo = Path(__file__).resolve().parents[2]
-    for written in update_docs(json.loads(Path(sys.argv[1]).read_text()), repo, pages=len(sys.argv) == 2):
+    merged = merge_results([json.loads(Path(a).read_text()) for a in args])
+    if len(args) > 1:
+        stored = repo / REAL_RESULTS
+        stored.write_text(json.dumps(merged, indent=1, default=float) + "\n")
+        print(f"wrote {stored.relative_to(repo)}")
+    for written in update_docs(merged, repo, pages="--table-only" not in sys.argv):
         print(f"rewrote {written.relative_to(repo)}")

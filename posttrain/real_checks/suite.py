@@ -53,10 +53,19 @@ def arms_of(exps: Sequence[RealExperiment]) -> list[str]:
     return out
 
 
-def sample_plan(profile: Profile, exps: Sequence[RealExperiment]) -> dict[str, int]:
-    """Held-out samples per prompt of each arm: the profile's coverage samples when a pass@k experiment uses it."""
-    out = {a: profile.eval_samples for a in arms_of(exps)}
-    for e in exps:
+def sample_plan(profile: Profile) -> dict[str, int]:
+    """Held-out samples per prompt of each arm: the profile's coverage samples for an arm that any registered
+    pass@k experiment reads, else its evaluation samples.
+
+    Over every registered experiment, not the ones selected: a run's content key holds its evaluation, so a
+    plan that followed the selection would give ``real-check 19`` and the whole suite two different GRPO runs
+    (a suite run in parts would never find its cached runs).
+    """
+    from posttrain.real_checks import select_experiments
+
+    every = select_experiments()
+    out = {a: profile.eval_samples for a in arms_of(every)}
+    for e in every:
         if e.coverage:
             out.update({a: profile.coverage_samples for a in e.arms})
     return out
@@ -199,7 +208,7 @@ def run_suite(
 
     start, cpu = time.perf_counter(), time.process_time()
     folder = Path(root) / profile.name
-    runner = Runner(profile, ARMS, folder, samples=sample_plan(profile, exps), log=log)
+    runner = Runner(profile, ARMS, folder, samples=sample_plan(profile), log=log)
     entries = []
     for exp in exps:
         n = PILOT_SEEDS if pilot else planned_seeds(exp, profile, seeds)

@@ -11,6 +11,7 @@ import pytest
 from posttrain.real_checks.outputs import (
     _replace,
     lesson,
+    merge_results,
     method_section,
     real_model_cell,
     standardised_effect,
@@ -58,6 +59,12 @@ def test_transfer_rows_sign_agreement_and_lessons():
 
 def test_lesson_for_a_contradiction_with_the_regime_reached():
     assert "mechanism" in lesson({"verdict": "contradicted", "gate": []}, "reproduced")
+
+
+def test_lesson_for_an_experiment_not_run_claims_nothing():
+    text = lesson({"verdict": "not run", "runs_cached": 9, "runs_planned": 18}, "reproduced")
+    assert "9 of 18" in text and "mechanism" not in text
+    assert "mechanism" not in lesson({"verdict": "not run"}, "reproduced")
 
 
 def test_readme_cell_maps_lettered_ids_and_escapes_pipes():
@@ -109,3 +116,21 @@ def test_update_docs_fills_the_readme_real_model_column_and_keeps_the_other_cell
     assert "| 02 | HDR | 02 | m: inconclusive | inconclusive (3 seeds, share 1 [0.7, 1]) | old |" in lines
     assert "| 20 | GARL | 20a, 20b | - | - | old |" in lines  # no real record for 20
     assert render_table(text, toy, None, REAL)[1] == 0  # idempotent
+
+
+def test_merge_results_takes_later_judged_entries_with_their_run():
+    later = {"mode": "full", "run": {"commit": "def4567", "code_digest": "c", "date": "d2", "wall_s": 3600.0,
+                                     "cpu_s": 7200.0},
+             "experiments": [_real("02", "contradicted", [-0.1, -0.2]), {**_real("03", "not run", []), "gate": []},
+                             _real("04", "reproduced", [0.1])]}  # fmt: skip
+    merged = merge_results([REAL, later])
+    by_id = {e["id"]: e for e in merged["experiments"]}
+    assert [e["id"] for e in merged["experiments"]] == ["01", "02", "03", "04"]
+    assert by_id["02"]["verdict"] == "contradicted" and by_id["02"]["run"]["commit"] == "def4567"
+    assert by_id["03"]["verdict"] == "regime not reached" and "run" not in by_id["03"]  # not run never replaces
+    assert "run" not in by_id["01"] and merged["run"] == REAL["run"]
+    assert "commit def4567" in method_section(by_id["02"]) and "2 CPU h" in method_section(by_id["02"])
+    with pytest.raises(ValueError, match="parts"):
+        merge_results([REAL, {**later, "mode": "smoke"}])
+    with pytest.raises(ValueError, match="parts"):
+        merge_results([])

@@ -36,12 +36,11 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path: Path):
     from posttrain.real_checks.arms import arm_config
     from posttrain.real_checks.runs import _config
 
-    exps = select_experiments(["11"])
     profile = PROFILES["smoke"]
-    whole = Runner(profile, ARMS, tmp_path / "whole", samples=sample_plan(profile, exps), log=lambda _: None)
+    whole = Runner(profile, ARMS, tmp_path / "whole", samples=sample_plan(profile), log=lambda _: None)
     expected = whole.record("grpo", 0)
     lines: list[str] = []
-    cut = Runner(profile, ARMS, tmp_path / "cut", samples=sample_plan(profile, exps), log=lines.append)
+    cut = Runner(profile, ARMS, tmp_path / "cut", samples=sample_plan(profile), log=lines.append)
     run = cut.folder("grpo", 0) / "run"
     build_trainer(_config(arm_config(profile, ARMS["grpo"], 0)), run).fit(stop_after=1)  # killed after step 1
     resumed = cut.record("grpo", 0)

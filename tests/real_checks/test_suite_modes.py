@@ -60,3 +60,14 @@ def test_cached_only_judges_finished_experiments_and_trains_nothing(tmp_path: Pa
     after = run_suite(ids, PROFILES["smoke"], tmp_path, cached_only=True, log=lines.append, **smoke)["experiments"][0]
     assert after["verdict"] == trained["verdict"] != RealVerdict.NOT_RUN.value
     assert not any(line.startswith(("train ", "resume ")) for line in lines)
+
+
+def test_an_arm_read_by_any_pass_at_k_experiment_is_scored_with_coverage_samples():
+    """The plan is the registry's, not the selection's: ``real-check 19`` alone and the whole suite give GRPO one
+    content key (05's pass@16 needs its 16 samples), so a suite run in parts finds its cached runs."""
+    from posttrain.real_checks.suite import sample_plan
+
+    for profile in PROFILES.values():
+        plan = sample_plan(profile)
+        assert plan["grpo"] == plan["es"] == profile.coverage_samples
+        assert plan["base"] == plan["grpo_cold"] == profile.eval_samples
