@@ -96,7 +96,7 @@ def transfer_rows(real: Mapping[str, Any], toy: Mapping[str, Any]) -> list[dict[
         t = toys.get(toy_ids[0], {})
         toy_p = next((c for c in t.get("comparisons", []) if c.get("role") == "primary"), None)
         te, re_ = standardised_effect(toy_p), standardised_effect(_primary(e))
-        same = None if math.isnan(te) or math.isnan(re_) else bool(np.sign(te) == np.sign(re_))
+        same = None if math.isnan(te) or math.isnan(re_) or 0.0 in (te, re_) else bool(np.sign(te) == np.sign(re_))
         rows.append({"id": e["id"], "toy_id": toy_ids[0], "title": e.get("title", ""), "toy_verdict": t.get("verdict"),
                      "real_verdict": e.get("verdict"), "toy_effect": te, "real_effect": re_, "same_sign": same,
                      "lesson": lesson(e, t.get("verdict"))})  # fmt: skip
@@ -115,6 +115,17 @@ def _rank_correlation(rows: list[dict[str, Any]]) -> tuple[float, int]:
     return float(rho), len(pairs)
 
 
+def _parts_line(real: Mapping[str, Any]) -> list[str]:
+    """For results merged from a suite run in parts (`merge_results`): where each separately run verdict comes from."""
+    own = [e for e in real.get("experiments", []) if e.get("run")]
+    if not own:
+        return []
+    runs = "; ".join(f"{e['id']}: commit {str(e['run'].get('commit'))[:10]}, {e['run'].get('date', '?')}, "
+                     f"{fmt(e['run'].get('wall_s', math.nan) / 3600)} h wall, {fmt(e['run'].get('cpu_s', math.nan) / 3600)} "
+                     "CPU h" for e in own)  # fmt: skip
+    return [f"Merged from a suite run in parts; measured in their own runs: {runs}.", ""]
+
+
 def transfer_table(real: Mapping[str, Any], toy: Mapping[str, Any]) -> str:
     """The markdown transfer table (module docstring)."""
     rows = transfer_rows(real, toy)
@@ -122,6 +133,7 @@ def transfer_table(real: Mapping[str, Any], toy: Mapping[str, Any]) -> str:
     out = [f"## Transfer: toy verdicts against SmolLM2-135M-Instruct ({meta.get('profile', '?')} profile)", "",
            f"Generated from `{REAL_RESULTS.as_posix()}` ({meta.get('date', '?')}, commit {str(meta.get('commit'))[:10]}, "
            f"{fmt(meta.get('wall_s'))} s wall, {fmt(meta.get('cpu_s'))} s CPU) and the toy checks' `results.json`.", "",
+           *_parts_line(real),
            "| paper | toy check | toy verdict | real verdict | same sign | std. effect toy | std. effect real | what it teaches |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in rows:
@@ -201,6 +213,10 @@ def method_section(entry: Mapping[str, Any], figure: str | None = None) -> str:
         for c in comps:
             lines.append(f"| {c['name']} | {c['role']} | {c.get('count')}/{c.get('n')} | [{fmt(c.get('lower'))}, "
                          f"{fmt(c.get('upper'))}] | {c.get('outcome')} | {fmt(c.get('mean'))} |")  # fmt: skip
+    metrics = [m for m in entry.get("metrics", []) if m.get("n")]
+    if metrics:
+        lines += ["", "| measured per seed | mean | sd | seeds |", "| --- | --- | --- | --- |"]
+        lines += [f"| {m['name']} | {fmt(m.get('mean'))} | {fmt(m.get('sd'))} | {m['n']} |" for m in metrics]
     if entry.get("ungated_verdict") and entry["verdict"] == "regime not reached":
         lines += ["", f"Verdict the gate withholds: {entry['ungated_verdict']}."]
     if figure:
@@ -244,20 +260,21 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     never replace anything.
 
     Raises:
-        DomainError: ``parts`` is empty, or the parts mix modes (a smoke result beside a full one).
+        DomainError: ``parts`` is empty, mixes profiles (a smoke result beside a full one) or holds a pilot.
     """
     if not parts:
         raise DomainError("parts: at least one results file")
-    modes = {p.get("mode") for p in parts}
-    if len(modes) != 1:
-        raise DomainError(f"parts: one mode in all, got {sorted(map(str, modes))}")
+    profiles = {str(p.get("run", {}).get("profile")) for p in parts}
+    if len(profiles) != 1 or any("pilot" in str(p.get("mode")) for p in parts):
+        raise DomainError(f"parts: one profile in all and no pilot, got {sorted(str(p.get('mode')) for p in parts)}")
     first = parts[0]
     entries = {e["id"]: dict(e) for e in first.get("experiments", [])}
     for part in parts[1:]:
         for e in part.get("experiments", []):
             if e["verdict"] not in _UNJUDGED:
                 entries[e["id"]] = {**e, "run": part.get("run", {})}
-    return {**first, "experiments": [entries[k] for k in sorted(entries)]}
+    mode = first.get("mode") if len(parts) == 1 else f"{profiles.pop()} (in parts)"
+    return {**first, "mode": mode, "experiments": [entries[k] for k in sorted(entries)]}
 
 
 def _replace(text: str, markers: tuple[str, str], body: str) -> str:

@@ -61,6 +61,11 @@ def test_lesson_for_a_contradiction_with_the_regime_reached():
     assert "mechanism" in lesson({"verdict": "contradicted", "gate": []}, "reproduced")
 
 
+def test_a_zero_effect_has_no_sign():
+    zero = {**REAL, "experiments": [_real("01", "contradicted", [0.0, 0.0, 0.0])]}
+    assert transfer_rows(zero, TOY)[0]["same_sign"] is None
+
+
 def test_lesson_for_an_experiment_not_run_claims_nothing():
     text = lesson({"verdict": "not run", "runs_cached": 9, "runs_planned": 18}, "reproduced")
     assert "9 of 18" in text and "mechanism" not in text
@@ -93,6 +98,8 @@ def test_update_docs_writes_sections_figures_and_the_table(tmp_path: Path):
     assert "earlier runs" in (tmp_path / "docs" / "validation.md").read_text()
     assert tmp_path / "docs" / "validation.md" in written
     assert "Verdict: reproduced" in method_section(REAL["experiments"][0])
+    measured = {**REAL["experiments"][0], "metrics": [{"name": "accuracy grpo", "mean": 0.75, "sd": 0.1, "n": 9}]}
+    assert "| accuracy grpo | 0.75 | 0.1 | 9 |" in method_section(measured)
     json.dumps(REAL)
 
 
@@ -119,7 +126,7 @@ def test_update_docs_fills_the_readme_real_model_column_and_keeps_the_other_cell
 
 
 def test_merge_results_takes_later_judged_entries_with_their_run():
-    later = {"mode": "full", "run": {"commit": "def4567", "code_digest": "c", "date": "d2", "wall_s": 3600.0,
+    later = {"mode": "full (cached runs)", "run": {"profile": "full", "commit": "def4567", "code_digest": "c", "date": "d2", "wall_s": 3600.0,
                                      "cpu_s": 7200.0},
              "experiments": [_real("02", "contradicted", [-0.1, -0.2]), {**_real("03", "not run", []), "gate": []},
                              _real("04", "reproduced", [0.1])]}  # fmt: skip
@@ -128,9 +135,10 @@ def test_merge_results_takes_later_judged_entries_with_their_run():
     assert [e["id"] for e in merged["experiments"]] == ["01", "02", "03", "04"]
     assert by_id["02"]["verdict"] == "contradicted" and by_id["02"]["run"]["commit"] == "def4567"
     assert by_id["03"]["verdict"] == "regime not reached" and "run" not in by_id["03"]  # not run never replaces
-    assert "run" not in by_id["01"] and merged["run"] == REAL["run"]
+    assert "run" not in by_id["01"] and merged["run"] == REAL["run"] and merged["mode"] == "full (in parts)"
     assert "commit def4567" in method_section(by_id["02"]) and "2 CPU h" in method_section(by_id["02"])
+    assert "measured in their own runs: 02: commit def4567" in transfer_table(merged, TOY)
     with pytest.raises(ValueError, match="parts"):
-        merge_results([REAL, {**later, "mode": "smoke"}])
+        merge_results([REAL, {**later, "run": {**later["run"], "profile": "smoke"}}])
     with pytest.raises(ValueError, match="parts"):
         merge_results([])
