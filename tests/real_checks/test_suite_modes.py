@@ -71,3 +71,36 @@ def test_an_arm_read_by_any_pass_at_k_experiment_is_scored_with_coverage_samples
         plan = sample_plan(profile)
         assert plan["grpo"] == plan["es"] == profile.coverage_samples
         assert plan["base"] == plan["grpo_cold"] == profile.eval_samples
+
+
+def test_the_summary_prints_an_experiments_error_message():
+    from rich.console import Console
+
+    from posttrain.real_checks.cli import _print_summary
+
+    console = Console(record=True, width=200)
+    payload = {"mode": "full", "experiments": [
+        {"id": "18", "verdict": "error", "error": "ModelNotPrepared: [dim] run `posttrain models prepare x`"},
+        {"id": "19", "verdict": "contradicted", "seeds_run": 9},
+    ]}  # fmt: skip
+    _print_summary(payload, console)
+    text = console.export_text()
+    assert "18: ModelNotPrepared: [dim] run `posttrain models prepare x`" in text
+    assert "19:" not in text
+
+
+def test_the_suite_prepares_its_registered_model_once_before_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import dataclasses
+
+    from posttrain.llm.tools import models
+
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    calls: list[str] = []
+    monkeypatch.setattr(models, "prepare_model", lambda name, **_: calls.append(name) or models.model_dir(name))
+    real = dataclasses.replace(
+        PROFILES["smoke"], base={**PROFILES["smoke"].base, "model": {"path": "smollm2-135m-instruct"}}
+    )
+    run_suite([], real, tmp_path / "runs", log=lambda line: None)
+    assert calls == ["smollm2-135m-instruct"]
+    run_suite([], PROFILES["smoke"], tmp_path / "runs", log=lambda line: None)  # the tiny model: nothing to prepare
+    assert calls == ["smollm2-135m-instruct"]
