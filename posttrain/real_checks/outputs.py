@@ -144,7 +144,7 @@ def transfer_table(real: Mapping[str, Any], toy: Mapping[str, Any]) -> str:
     agree = sum(1 for r in rows if r["same_sign"])
     known = sum(1 for r in rows if r["same_sign"] is not None)
     out += ["", f"Sign agreement: {agree} of {known} papers with both effects. Spearman rank correlation of the "
-            f"standardised effects: {fmt(rho)} over {n} papers (needs 3)."]  # fmt: skip
+            f"standardised effects: {fmt(rho)} over {n} papers{' (a correlation needs 3)' if n < 3 else ''}."]  # fmt: skip
     return "\n".join(out) + "\n"
 
 

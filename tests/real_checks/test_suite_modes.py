@@ -89,7 +89,7 @@ def test_the_summary_prints_an_experiments_error_message():
     assert "19:" not in text
 
 
-def test_the_suite_prepares_its_registered_model_once_before_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_suite_prepares_its_registered_model_before_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import dataclasses
 
     from posttrain.llm.tools import models
