@@ -5,7 +5,9 @@ mediators are measured on the base model (cached per task); an experiment whose 
 range is reported *regime not reached* without training its arms (``train_ungated`` trains them anyway,
 for the verdict the gate withholds); otherwise its arms run for each planned seed (each arm once per
 seed, however many experiments name it; see `posttrain.real_checks.runs`), the run mediators are read
-from seed 0's records, and the experiment is judged (`posttrain.real_checks.experiment.judge`). An
+from seed 0's records, and the experiment is judged (`posttrain.real_checks.experiment.judge`). The arms a run
+mediator reads run first, for seed 0: when one such mediator misses the toy's range the experiment is reported
+*regime not reached* without training its other arms (the verdict the full run would give). An
 exception in one experiment is recorded as its *error*; the others still run.
 """
 
@@ -160,6 +162,12 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
         entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
         return entry
+    staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only)
+    if staged is not None:
+        entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=staged, probes=probes,
+                     reason=f"run mediators on seed 0 outside the toy's range (arms {', '.join(_gate_arms(exp))} "
+                            f"run first); the other arms not trained")  # fmt: skip
+        return entry
     missing = _missing_runs(exp, runner, seeds) if cached_only else 0
     if missing:
         total = len(seeds) * len(exp.arms)
@@ -174,6 +182,29 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
     entry["cost"] = {a: {"train_cpu_s": sum(r[a].get("train_cpu_s", 0.0) for r in per_seed),
                          "eval_cpu_s": sum(r[a].get("eval_cpu_s", 0.0) for r in per_seed)} for a in exp.arms}  # fmt: skip
     return entry
+
+
+def _gate_arms(exp: RealExperiment) -> list[str]:
+    """The experiment's arms that its run mediators read: the arguments of a ``"name:arg:arg"`` key that name one."""
+    names = [a for m in exp.card.mediators if m.source.value == "run" for a in m.key.split(":")[1:] if a in exp.arms]
+    return list(dict.fromkeys(names))
+
+
+def _run_gate(
+    exp: RealExperiment, runner: Runner, probes: dict[str, Any], cached_only: bool
+) -> list[dict[str, Any]] | None:
+    """The gate rows when a run mediator misses the toy's range on seed 0, else None.
+
+    Only the arms the run mediators read (`_gate_arms`) are run, for seed 0 (from the cache in ``cached_only``
+    mode, which gives None when one is missing). The final gate reads the same seed-0 records and replaces any
+    verdict with *regime not reached* when one row misses, so judging here first changes no verdict; it spares
+    the arms that could not change it.
+    """
+    arms = _gate_arms(exp)
+    if not arms or (cached_only and any(runner.cached(a, 0) is None for a in arms)):
+        return None
+    rows = gate_rows(exp.card.mediators, probes, {a: runner.record(a, 0) for a in arms})
+    return rows if any(not g["inside"] for g in rows if g["source"] == "run") else None
 
 
 def _metric(record: Any, name: str) -> float:

@@ -104,3 +104,48 @@ def test_the_suite_prepares_its_registered_model_before_running(tmp_path: Path, 
     assert calls == ["smollm2-135m-instruct"]
     run_suite([], PROFILES["smoke"], tmp_path / "runs", log=lambda line: None)  # the tiny model: nothing to prepare
     assert calls == ["smollm2-135m-instruct"]
+
+
+class _StubRunner:
+    """Records from `tests.real_checks._records.record` by arm accuracy; remembers which (arm, seed) it was asked."""
+
+    def __init__(self, accuracy: dict[str, float]):
+        self.accuracy, self.asked = accuracy, []
+
+    def cached(self, arm: str, seed: int):
+        return None
+
+    def record(self, arm: str, seed: int):
+        from tests.real_checks._records import record
+
+        self.asked.append((arm, seed))
+        return record(self.accuracy[arm], seed=100 * seed + len(self.asked), prompts=200)
+
+
+def _gap_experiment():
+    from posttrain.paper_checks.model import Role
+    from posttrain.real_checks.card import Mediator, Source, TransferCard, declared
+    from posttrain.real_checks.experiment import Contrast, RealExperiment, diff
+
+    gap = Mediator("gain of t over b", "accuracy_gap:t:b", "", declared(0.1, 0.3, "test"), Source.RUN)
+    card = TransferCard(("99",), "test", (gap,))
+    return RealExperiment("99", "test", card, (Contrast("e - t", diff("accuracy", "e", "t"), Role.PRIMARY),),
+                          context=(("b", "accuracy"),), probe_tasks=())  # fmt: skip
+
+
+@pytest.mark.parametrize("gain, trained", [(0.6, {("t", 0), ("b", 0)}), (0.2, None)])
+def test_a_run_mediator_outside_the_range_stops_before_the_other_arms(tmp_path: Path, gain: float, trained):
+    """The arms a run mediator reads run first for seed 0; a miss gives *regime not reached* with the rest untrained,
+    an inside value trains every arm for every seed and judges as before."""
+    from posttrain.real_checks.suite import _judge_one
+
+    exp, runner = _gap_experiment(), _StubRunner({"t": 0.1 + gain, "b": 0.1, "e": 0.5})
+    out = _judge_one(exp, PROFILES["smoke"], runner, tmp_path, range(9), False, False)  # type: ignore[arg-type]
+    if trained is not None:
+        assert out["verdict"] == RealVerdict.REGIME_NOT_REACHED.value and set(runner.asked) == trained
+        assert [g["inside"] for g in out["gate"]] == [False] and "not trained" in out["reason"]
+    else:
+        assert out["verdict"] != RealVerdict.REGIME_NOT_REACHED.value and ("e", 8) in runner.asked
+    ungated = _judge_one(exp, PROFILES["smoke"], _StubRunner({"t": 0.7, "b": 0.1, "e": 0.5}), tmp_path, range(9),
+                         True, False)  # type: ignore[arg-type]  # fmt: skip
+    assert ungated["verdict"] == RealVerdict.REGIME_NOT_REACHED.value and ungated["seeds_run"] == 9
