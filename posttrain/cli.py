@@ -307,6 +307,11 @@ def real_check(
     plan: bool = typer.Option(False, "--plan", help="Print the experiments' seeds and arms; run nothing."),
     budget: bool = typer.Option(False, "--budget", help="Price the full plan from the measure profile's runs."),
     threads: int = typer.Option(2, "--threads", help="Torch threads."),
+    archive: bool = typer.Option(
+        False,
+        "--archive",
+        help="Restore the records kept in docs/paper_checks/real_runs first; keep the new ones after.",
+    ),
 ) -> None:
     """The paper checks on SmolLM2-135M-Instruct: transfer cards, regime gates, verdicts beside the toys'."""
     from posttrain.real_checks.cli import main as run_real
@@ -314,7 +319,7 @@ def real_check(
     code = run_real(
         ids or [], profile=profile, seeds=seeds, root=root, out=out, update_docs=update_docs,
         train_ungated=train_ungated, plan=plan, budget=budget, gate_only=gate_only, cached_only=cached_only,
-        pilot=pilot, threads=threads, console=console,
+        pilot=pilot, threads=threads, archive=archive, console=console,
     )  # fmt: skip
     raise typer.Exit(code)
 

@@ -2,7 +2,7 @@
 
     posttrain real-check [IDS] [--profile full|measure|smoke] [--seeds N] [--root runs/real_checks]
                          [--out DIR] [--update-docs] [--train-ungated] [--gate-only] [--cached-only]
-                         [--pilot] [--plan] [--budget] [--threads 2]
+                         [--pilot] [--plan] [--budget] [--threads 2] [--archive]
 
 ``--profile full`` (default) is the suite on SmolLM2-135M-Instruct; ``measure`` runs every arm for 2
 steps with a small evaluation (the per-step costs the budget reads); ``smoke`` runs every experiment
@@ -17,6 +17,9 @@ count of finished runs): the results file and docs of a suite run in parts; ``--
 each selected experiment and records its primary differences in ``docs/paper_checks/real_pilot.json``,
 from which the seed plans are then drawn (`posttrain.real_checks.plan`). ``--plan`` prints the jobs and
 seeds without running; ``--budget`` prices the full plan from the ``measure`` records under ``--root``.
+``--archive`` restores the finished records kept in ``docs/paper_checks/real_runs`` under ``--root`` before
+running and keeps the newly finished ones there after (`posttrain.real_checks.archive`): a suite run in
+parts resumes on a machine that has none of its runs, and the records behind the results file travel with it.
 Exit code: 0 when every experiment finished (whatever its verdict), 1 when one raised, 2 for bad options.
 """
 
@@ -148,6 +151,7 @@ def main(
     cached_only: bool = False,
     pilot: bool = False,
     threads: int = 2,
+    archive: bool = False,
     console: Console | None = None,
 ) -> int:
     """Run the selected experiments (module docstring); returns the exit code."""
@@ -186,9 +190,17 @@ def main(
     if pilot and (gate_only or cached_only or update_docs or profile != "full"):
         console.print("[red]--pilot runs the full profile's pilot seeds alone (no --gate-only, --update-docs)[/]")
         return 2
+    if archive:
+        from posttrain.real_checks.archive import RUNS_ARCHIVE, restore
+
+        console.print(f"restored {len(restore(RUNS_ARCHIVE, root, prof.name))} records from {RUNS_ARCHIVE}")
     payload = run_suite(exps, prof, root, seeds=seeds, train_ungated=train_ungated or profile == "smoke",
                         gate_only=gate_only, pilot=pilot, cached_only=cached_only, log=lambda line: console.print(f"[dim]{line}[/]"))  # fmt: skip
     _print_summary(payload, console)
+    if archive:
+        from posttrain.real_checks.archive import RUNS_ARCHIVE, pack
+
+        console.print(f"kept {len(pack(root, RUNS_ARCHIVE, prof.name))} new records in {RUNS_ARCHIVE}")
     text = json.dumps(payload, indent=1, default=float) + "\n"
     if pilot:
         from posttrain.real_checks.suite import PILOT_FILE, pilot_record

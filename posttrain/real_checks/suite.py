@@ -8,7 +8,9 @@ seed, however many experiments name it; see `posttrain.real_checks.runs`), the r
 from seed 0's records, and the experiment is judged (`posttrain.real_checks.experiment.judge`). The arms a run
 mediator reads run first, for seed 0: when one such mediator misses the toy's range the experiment is reported
 *regime not reached* without training its other arms (the verdict the full run would give). An
-exception in one experiment is recorded as its *error*; the others still run.
+exception in one experiment is recorded as its *error*; the others still run. A teacher or an edit source whose
+record was restored from the archive without its weights runs again before an arm that reads them
+(`posttrain.real_checks.archive.drop_weightless`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from posttrain.real_checks.archive import drop_weightless
 from posttrain.real_checks.arm_table import ARMS
 from posttrain.real_checks.arms import PILOT_OFFSET, RUN_CODE, Profile, arm_config, code_digest, git_commit, run_key
 from posttrain.real_checks.experiment import RealExperiment, RealVerdict, judge
@@ -162,6 +165,8 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
         entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
         return entry
+    if not cached_only:  # a restored teacher or edit source has a record but no weights (`archive`)
+        drop_weightless(runner, [(a, s) for s in seeds for a in exp.arms])
     staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only)
     if staged is not None:
         entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=staged, probes=probes,

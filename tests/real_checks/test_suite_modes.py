@@ -110,7 +110,10 @@ class _StubRunner:
     """Records from `tests.real_checks._records.record` by arm accuracy; remembers which (arm, seed) it was asked."""
 
     def __init__(self, accuracy: dict[str, float]):
+        from posttrain.real_checks.arms import Arm
+
         self.accuracy, self.asked = accuracy, []
+        self.arms = {name: Arm(name) for name in accuracy}  # no dependencies: no weights to restore
 
     def cached(self, arm: str, seed: int):
         return None

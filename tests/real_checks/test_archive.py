@@ -1,0 +1,60 @@
+"""The records archive: packing and restoring finished runs, and a restored source without weights running again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.real_checks.archive import drop_weightless, pack, restore
+from posttrain.real_checks.arm_table import ARMS
+from posttrain.real_checks.arms import PROFILES
+from posttrain.real_checks.runs import Runner
+
+
+def _runner(root: Path) -> Runner:
+    return Runner(PROFILES["smoke"], ARMS, root / "smoke")
+
+
+def _finish(runner: Runner, arm: str, seed: int, **fields: object) -> dict:
+    record = {"arm": arm, "seed": seed, "key": runner.key(arm, seed), **fields}
+    folder = runner.folder(arm, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "record.json").write_text(json.dumps(record) + "\n")
+    return record
+
+
+def test_a_packed_run_is_found_by_a_runner_on_another_root(tmp_path: Path):
+    first, second = _runner(tmp_path / "a"), _runner(tmp_path / "b")
+    record = _finish(first, "grpo", 3, eval={"rewards": [[1.0, 0.0]]})
+    probe = tmp_path / "a" / "smoke" / "probes" / "add-0123" / "probe.json"
+    probe.parent.mkdir(parents=True)
+    probe.write_text('{"p0": 0.2}\n')
+    (first.folder("es", 3) / "run").mkdir(parents=True)  # an unfinished run: no record, not archived
+    archive = tmp_path / "archive"
+    added = pack(tmp_path / "a", archive, "smoke")
+    assert sorted(added) == sorted([record["key"], "add-0123"])
+    bytes_once = sorted((p.name, p.read_bytes()) for p in archive.rglob("*") if p.is_file())
+    assert pack(tmp_path / "a", archive, "smoke") == []  # kept once; the same bytes
+    assert sorted((p.name, p.read_bytes()) for p in archive.rglob("*") if p.is_file()) == bytes_once
+    assert second.cached("grpo", 3) is None
+    assert sorted(restore(archive, tmp_path / "b", "smoke")) == sorted(added)
+    assert second.cached("grpo", 3) == record and second.cached("es", 3) is None
+    assert json.loads((tmp_path / "b" / "smoke" / "probes" / "add-0123" / "probe.json").read_text()) == {"p0": 0.2}
+    assert restore(archive, tmp_path / "b", "smoke") == [] and restore(archive, tmp_path / "b", "full") == []
+
+
+def test_a_source_restored_without_weights_runs_again_before_an_arm_that_reads_them(tmp_path: Path):
+    runner = _runner(tmp_path)
+    edit = next(name for name, arm in ARMS.items() if arm.source == "grpo")
+    _finish(runner, "grpo", 0)
+    folder = runner.folder("grpo", 0)
+    assert drop_weightless(runner, [("grpo", 0)]) == []  # nothing reads its weights
+    _finish(runner, edit, 1)
+    _finish(runner, "grpo", 1)
+    assert drop_weightless(runner, [(edit, 1)]) == []  # the reader is finished: it needs no weights
+    assert drop_weightless(runner, [(edit, 0)]) == [folder.name]
+    assert runner.cached("grpo", 0) is None and (folder / "record.archived.json").is_file()
+    _finish(runner, "grpo", 0)
+    (folder / "final").mkdir()
+    assert drop_weightless(runner, [(edit, 0)]) == []  # weights present: the record stands
+    assert runner.cached("grpo", 0) is not None
