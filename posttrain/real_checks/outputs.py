@@ -29,8 +29,8 @@ from posttrain.errors import DomainError
 from posttrain.paper_checks.report import fmt
 
 __all__ = [
-    "REAL_COLUMN", "REAL_RESULTS", "lesson", "merge_results", "method_section", "real_model_cell", "standardised_effect",
-    "transfer_rows", "transfer_table", "update_docs", "write_figure",
+    "REAL_COLUMN", "REAL_RESULTS", "lesson", "merge_results", "method_section", "real_model_cell", "runs_cpu_h",
+    "standardised_effect", "transfer_rows", "transfer_table", "update_docs", "write_figure",
 ]  # fmt: skip
 
 REAL_RESULTS = Path("docs") / "paper_checks" / "real_results.json"
@@ -120,10 +120,27 @@ def _parts_line(real: Mapping[str, Any]) -> list[str]:
     own = [e for e in real.get("experiments", []) if e.get("run")]
     if not own:
         return []
-    runs = "; ".join(f"{e['id']}: commit {str(e['run'].get('commit'))[:10]}, {e['run'].get('date', '?')}, "
-                     f"{fmt(e['run'].get('wall_s', math.nan) / 3600)} h wall, {fmt(e['run'].get('cpu_s', math.nan) / 3600)} "
-                     "CPU h" for e in own)  # fmt: skip
+    runs = "; ".join(f"{e['id']}: {_provenance(e, e['run'], short=True)}" for e in own)
     return [f"Merged from a suite run in parts; measured in their own runs: {runs}.", ""]
+
+
+def runs_cpu_h(entry: Mapping[str, Any]) -> float:
+    """CPU hours of the runs an entry read (training and held-out evaluation, from their records; NaN without)."""
+    cost = entry.get("cost") or {}
+    return sum(c.get("train_cpu_s", 0.0) + c.get("eval_cpu_s", 0.0) for c in cost.values()) / 3600 if cost else math.nan
+
+
+def _provenance(entry: Mapping[str, Any], run: Mapping[str, Any], short: bool = False) -> str:
+    """Where an entry was judged and what it cost: the process's wall and CPU time when it trained its runs; the
+    runs' own CPU (`runs_cpu_h`) when it judged runs finished before (``--cached-only``: the process only reads)."""
+    where = (f"commit {str(run.get('commit', '?'))[:10 if short else 7]}"
+             + ("" if short else f", code {run.get('code_digest', '?')}") + f", {run.get('date', '?')}")  # fmt: skip
+    runs = runs_cpu_h(entry)
+    spent = f"the runs it read: {fmt(runs)} CPU h of training and evaluation (their records)"
+    if "cached runs" in str(run.get("mode", "")):
+        return f"{'judged' if short else 'Judged'} from finished runs ({where}); {spent}"
+    own = f"{fmt(run.get('wall_s', math.nan) / 3600)} h wall, {fmt(run.get('cpu_s', math.nan) / 3600)} CPU h"
+    return f"{'' if short else 'Measured in its own run: '}{where}, {own}" + ("" if math.isnan(runs) else f"; {spent}")
 
 
 def transfer_table(real: Mapping[str, Any], toy: Mapping[str, Any]) -> str:
@@ -179,10 +196,7 @@ def method_section(entry: Mapping[str, Any], figure: str | None = None) -> str:
              f"**Verdict: {entry['verdict']}** (SmolLM2-135M-Instruct, {entry.get('seeds_run', 0)} of "
              f"{entry.get('seeds_planned')} planned seeds; `posttrain real-check {entry['id']}`)."]  # fmt: skip
     if entry.get("run"):
-        r = entry["run"]
-        lines += ["", f"Measured in its own run: commit {str(r.get('commit', '?'))[:7]}, code {r.get('code_digest', '?')}, "
-                      f"{r.get('date', '?')}, {fmt(r.get('wall_s', math.nan) / 3600)} h wall, "
-                      f"{fmt(r.get('cpu_s', math.nan) / 3600)} CPU h."]  # fmt: skip
+        lines += ["", f"{_provenance(entry, entry['run'])}."]
     if entry.get("reason"):
         lines += ["", f"Why: {entry['reason']}"]
     if toy.get("abstract"):
@@ -272,7 +286,7 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for part in parts[1:]:
         for e in part.get("experiments", []):
             if e["verdict"] not in _UNJUDGED:
-                entries[e["id"]] = {**e, "run": part.get("run", {})}
+                entries[e["id"]] = {**e, "run": {**part.get("run", {}), "mode": part.get("mode")}}
     mode = first.get("mode") if len(parts) == 1 else f"{profiles.pop()} (in parts)"
     return {**first, "mode": mode, "experiments": [entries[k] for k in sorted(entries)]}
 

@@ -53,7 +53,7 @@ def arms_of(exps: Sequence[RealExperiment]) -> list[str]:
 
     for e in exps:
         if not e.scope or e.context:
-            for a in e.arms:
+            for a in (*e.arms, *_gate_arms(e)):
                 add(a)
     return out
 
@@ -134,9 +134,16 @@ def _entry(exp: RealExperiment, n: int) -> dict[str, Any]:
             "seed_reason": seed_plan(exp)[1], "arms": list(exp.arms)}  # fmt: skip
 
 
+def _needed(exp: RealExperiment, seeds: range) -> list[tuple[str, int]]:
+    """The (arm, seed) runs an experiment reads: its arms for every seed, and for seed 0 the arms its run
+    mediators read that are not among them (a teacher's headroom reads the base)."""
+    own = [(a, s) for s in seeds for a in exp.arms]
+    return own + [(a, 0) for a in _gate_arms(exp) if a not in exp.arms and len(seeds)]
+
+
 def _missing_runs(exp: RealExperiment, runner: Runner, seeds: range) -> int:
-    """How many of the experiment's (arm, seed) runs have no finished record under the runner's root."""
-    return sum(runner.cached(a, s) is None for s in seeds for a in exp.arms)
+    """How many of the experiment's (arm, seed) runs (`_needed`) have no finished record under the runner's root."""
+    return sum(runner.cached(a, s) is None for a, s in _needed(exp, seeds))
 
 
 def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path, seeds: range,
@@ -166,32 +173,41 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
         return entry
     if not cached_only:  # a restored teacher or edit source has a record but no weights (`archive`)
-        drop_weightless(runner, [(a, s) for s in seeds for a in exp.arms])
+        drop_weightless(runner, _needed(exp, seeds))
     staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only)
     if staged is not None:
+        arms = _gate_arms(exp)
         entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=staged, probes=probes,
-                     reason=f"run mediators on seed 0 outside the toy's range (arms {', '.join(_gate_arms(exp))} "
+                     cost=_cost([{a: runner.record(a, 0) for a in arms}], arms),
+                     reason=f"run mediators on seed 0 outside the toy's range (arms {', '.join(arms)} "
                             f"run first); the other arms not trained")  # fmt: skip
         return entry
     missing = _missing_runs(exp, runner, seeds) if cached_only else 0
     if missing:
-        total = len(seeds) * len(exp.arms)
+        total = len(_needed(exp, seeds))
         entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
                      runs_cached=total - missing, runs_planned=total,
                      reason=f"the probe mediators are in the toy's range; {total - missing} of the {total} planned runs "
                             f"(arm x seed) are finished, so no verdict yet")  # fmt: skip
         return entry
     per_seed = [{a: runner.record(a, s) for a in exp.arms} for s in seeds]
-    gate = gate_rows(exp.card.mediators, probes, per_seed[0])
+    gate = gate_rows(exp.card.mediators, probes, {**{a: runner.record(a, 0) for a in _gate_arms(exp)}, **per_seed[0]})
     entry.update(judge(exp, per_seed, gate), gate=gate, probes=probes)
-    entry["cost"] = {a: {"train_cpu_s": sum(r[a].get("train_cpu_s", 0.0) for r in per_seed),
-                         "eval_cpu_s": sum(r[a].get("eval_cpu_s", 0.0) for r in per_seed)} for a in exp.arms}  # fmt: skip
+    entry["cost"] = _cost(per_seed, exp.arms)
     return entry
 
 
+def _cost(per_seed: Sequence[dict[str, Any]], arms: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per arm, the CPU seconds of training and of held-out evaluation summed over the seeds' records."""
+    return {a: {"train_cpu_s": sum(r[a].get("train_cpu_s", 0.0) for r in per_seed),
+                "eval_cpu_s": sum(r[a].get("eval_cpu_s", 0.0) for r in per_seed)} for a in arms}  # fmt: skip
+
+
 def _gate_arms(exp: RealExperiment) -> list[str]:
-    """The experiment's arms that its run mediators read: the arguments of a ``"name:arg:arg"`` key that name one."""
-    names = [a for m in exp.card.mediators if m.source.value == "run" for a in m.key.split(":")[1:] if a in exp.arms]
+    """The arms the experiment's run mediators read: the arguments of a ``"name:arg:arg"`` key that name one of its
+    arms or a registered arm it does not compare (01 and 13 read the teacher's headroom over the base)."""
+    names = [a for m in exp.card.mediators if m.source.value == "run" for a in m.key.split(":")[1:]
+             if a in exp.arms or a in ARMS]  # fmt: skip
     return list(dict.fromkeys(names))
 
 

@@ -126,7 +126,7 @@ def test_update_docs_fills_the_readme_real_model_column_and_keeps_the_other_cell
 
 
 def test_merge_results_takes_later_judged_entries_with_their_run():
-    later = {"mode": "full (cached runs)", "run": {"profile": "full", "commit": "def4567", "code_digest": "c", "date": "d2", "wall_s": 3600.0,
+    later = {"mode": "full", "run": {"profile": "full", "commit": "def4567", "code_digest": "c", "date": "d2", "wall_s": 3600.0,
                                      "cpu_s": 7200.0},
              "experiments": [_real("02", "contradicted", [-0.1, -0.2]), {**_real("03", "not run", []), "gate": []},
                              _real("04", "reproduced", [0.1])]}  # fmt: skip
@@ -138,6 +138,11 @@ def test_merge_results_takes_later_judged_entries_with_their_run():
     assert "run" not in by_id["01"] and merged["run"] == REAL["run"] and merged["mode"] == "full (in parts)"
     assert "commit def4567" in method_section(by_id["02"]) and "2 CPU h" in method_section(by_id["02"])
     assert "measured in their own runs: 02: commit def4567" in transfer_table(merged, TOY)
+    judged = {**later, "mode": "full (cached runs)", "experiments": [
+        {**_real("02", "contradicted", [-0.1]), "cost": {"a": {"train_cpu_s": 5400.0, "eval_cpu_s": 1800.0}}}]}  # fmt: skip
+    read = merge_results([REAL, judged])["experiments"][1]
+    assert "Judged from finished runs (commit def4567" in method_section(read)
+    assert "the runs it read: 2 CPU h" in method_section(read) and "h wall" not in method_section(read)
     with pytest.raises(ValueError, match="parts"):
         merge_results([REAL, {**later, "run": {**later["run"], "profile": "smoke"}}])
     with pytest.raises(ValueError, match="parts"):

@@ -147,8 +147,36 @@ def test_a_run_mediator_outside_the_range_stops_before_the_other_arms(tmp_path: 
     if trained is not None:
         assert out["verdict"] == RealVerdict.REGIME_NOT_REACHED.value and set(runner.asked) == trained
         assert [g["inside"] for g in out["gate"]] == [False] and "not trained" in out["reason"]
+        assert set(out["cost"]) == {"t", "b"}  # what the gate's runs cost, from their records
     else:
         assert out["verdict"] != RealVerdict.REGIME_NOT_REACHED.value and ("e", 8) in runner.asked
     ungated = _judge_one(exp, PROFILES["smoke"], _StubRunner({"t": 0.7, "b": 0.1, "e": 0.5}), tmp_path, range(9),
                          True, False)  # type: ignore[arg-type]  # fmt: skip
     assert ungated["verdict"] == RealVerdict.REGIME_NOT_REACHED.value and ungated["seeds_run"] == 9
+
+
+def test_every_run_mediator_is_measured_from_the_records_the_suite_reads(tmp_path: Path, monkeypatch):
+    """A run mediator naming an arm the experiment does not compare (the base beside 01's and 13's teacher) is
+    still read: the gate gets a number, not a NaN that would call every run *regime not reached*."""
+    from posttrain.real_checks import suite
+    from posttrain.real_checks.arm_table import ARMS
+    from tests.real_checks._records import record
+
+    class Every(_StubRunner):
+        def record(self, arm: str, seed: int):
+            self.asked.append((arm, seed))
+            return record(0.5, seed=seed, history=history, rms=1.0)
+
+        def folder(self, arm: str, seed: int) -> Path:
+            return tmp_path / f"{arm}-{seed}"
+
+    history = [{"rollout/lag": 1, "sis/accept_rate": 0.9, "replay/groups": 1.0, "replay/scanned": 2.0}]
+    monkeypatch.setattr(suite, "_probe", lambda *args: {})
+    gated = [e for e in experiments().values() if any(m.source.value == "run" for m in e.card.mediators)]
+    assert {"01", "13"} <= {e.id for e in gated}
+    for exp in gated:
+        runner = Every({})
+        runner.arms = dict(ARMS)
+        out = suite._judge_one(exp, PROFILES["full"], runner, tmp_path, range(1), True, False)  # type: ignore[arg-type]
+        rows = [g for g in out["gate"] if g["source"] == "run"]
+        assert rows and all(g["value"] == g["value"] for g in rows), (exp.id, rows)  # no NaN
