@@ -135,10 +135,10 @@ def _entry(exp: RealExperiment, n: int) -> dict[str, Any]:
 
 
 def _needed(exp: RealExperiment, seeds: range) -> list[tuple[str, int]]:
-    """The (arm, seed) runs an experiment reads: its arms for every seed, and for seed 0 the arms its run
-    mediators read that are not among them (a teacher's headroom reads the base)."""
+    """The (arm, seed) runs an experiment reads: its arms for every seed, and for the first seed (the gate's) the
+    arms its run mediators read that are not among them (a teacher's headroom reads the base)."""
     own = [(a, s) for s in seeds for a in exp.arms]
-    return own + [(a, 0) for a in _gate_arms(exp) if a not in exp.arms and len(seeds)]
+    return own + [(a, seeds[0]) for a in _gate_arms(exp) if a not in exp.arms and len(seeds)]
 
 
 def _missing_runs(exp: RealExperiment, runner: Runner, seeds: range) -> int:
@@ -174,12 +174,12 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
         return entry
     if not cached_only:  # a restored teacher or edit source has a record but no weights (`archive`)
         drop_weightless(runner, _needed(exp, seeds))
-    staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only)
+    staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only, seeds[0])
     if staged is not None:
         arms = _gate_arms(exp)
         entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=staged, probes=probes,
-                     cost=_cost([{a: runner.record(a, 0) for a in arms}], arms),
-                     reason=f"run mediators on seed 0 outside the toy's range (arms {', '.join(arms)} "
+                     cost=_cost([{a: runner.record(a, seeds[0]) for a in arms}], arms),
+                     reason=f"run mediators on seed {seeds[0]} outside the toy's range (arms {', '.join(arms)} "
                             f"run first); the other arms not trained")  # fmt: skip
         return entry
     missing = _missing_runs(exp, runner, seeds) if cached_only else 0
@@ -191,7 +191,8 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
                             f"(arm x seed) are finished, so no verdict yet")  # fmt: skip
         return entry
     per_seed = [{a: runner.record(a, s) for a in exp.arms} for s in seeds]
-    gate = gate_rows(exp.card.mediators, probes, {**{a: runner.record(a, 0) for a in _gate_arms(exp)}, **per_seed[0]})
+    first = {a: runner.record(a, seeds[0]) for a in _gate_arms(exp)}
+    gate = gate_rows(exp.card.mediators, probes, {**first, **per_seed[0]})
     entry.update(judge(exp, per_seed, gate), gate=gate, probes=probes)
     entry["cost"] = _cost(per_seed, exp.arms)
     return entry
@@ -212,19 +213,19 @@ def _gate_arms(exp: RealExperiment) -> list[str]:
 
 
 def _run_gate(
-    exp: RealExperiment, runner: Runner, probes: dict[str, Any], cached_only: bool
+    exp: RealExperiment, runner: Runner, probes: dict[str, Any], cached_only: bool, seed: int = 0
 ) -> list[dict[str, Any]] | None:
-    """The gate rows when a run mediator misses the toy's range on seed 0, else None.
+    """The gate rows when a run mediator misses the toy's range on ``seed`` (the first planned), else None.
 
-    Only the arms the run mediators read (`_gate_arms`) are run, for seed 0 (from the cache in ``cached_only``
-    mode, which gives None when one is missing). The final gate reads the same seed-0 records and replaces any
+    Only the arms the run mediators read (`_gate_arms`) are run, for ``seed`` (from the cache in ``cached_only``
+    mode, which gives None when one is missing). The final gate reads the same records and replaces any
     verdict with *regime not reached* when one row misses, so judging here first changes no verdict; it spares
     the arms that could not change it.
     """
     arms = _gate_arms(exp)
-    if not arms or (cached_only and any(runner.cached(a, 0) is None for a in arms)):
+    if not arms or (cached_only and any(runner.cached(a, seed) is None for a in arms)):
         return None
-    rows = gate_rows(exp.card.mediators, probes, {a: runner.record(a, 0) for a in arms})
+    rows = gate_rows(exp.card.mediators, probes, {a: runner.record(a, seed) for a in arms})
     return rows if any(not g["inside"] for g in rows if g["source"] == "run") else None
 
 

@@ -148,6 +148,9 @@ def test_a_run_mediator_outside_the_range_stops_before_the_other_arms(tmp_path: 
         assert out["verdict"] == RealVerdict.REGIME_NOT_REACHED.value and set(runner.asked) == trained
         assert [g["inside"] for g in out["gate"]] == [False] and "not trained" in out["reason"]
         assert set(out["cost"]) == {"t", "b"}  # what the gate's runs cost, from their records
+        pilot = _StubRunner({"t": 0.1 + gain, "b": 0.1, "e": 0.5})
+        _judge_one(exp, PROFILES["smoke"], pilot, tmp_path, range(PILOT_OFFSET, PILOT_OFFSET + 3), False, False)  # type: ignore[arg-type]
+        assert set(pilot.asked) == {("t", PILOT_OFFSET), ("b", PILOT_OFFSET)}  # the gate's seed is the first planned
     else:
         assert out["verdict"] != RealVerdict.REGIME_NOT_REACHED.value and ("e", 8) in runner.asked
     ungated = _judge_one(exp, PROFILES["smoke"], _StubRunner({"t": 0.7, "b": 0.1, "e": 0.5}), tmp_path, range(9),
