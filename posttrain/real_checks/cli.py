@@ -62,7 +62,7 @@ def budget_of(ids: list[str], root: Path, seeds: int | None = None, *, gated: bo
     from posttrain.real_checks.arms import PROFILES, Kind, arm_config
     from posttrain.real_checks.plan import estimate
     from posttrain.real_checks.runs import Runner
-    from posttrain.real_checks.suite import planned_seeds, sample_plan
+    from posttrain.real_checks.suite import needed_runs, planned_seeds, sample_plan
 
     chosen = [e for e in select_experiments(ids) if not e.needs() and (not e.scope or e.context)]
     skipped = [e.id for e in chosen if gated and _gated_out(e, root)]
@@ -79,9 +79,8 @@ def budget_of(ids: list[str], root: Path, seeds: int | None = None, *, gated: bo
 
     for e in exps:
         per_exp[e.id] = set()
-        for s in range(planned_seeds(e, full, seeds) if not e.scope else 1):
-            for a in e.arms:
-                add(per_exp[e.id], a, s)
+        for a, s in needed_runs(e, range(planned_seeds(e, full, seeds) if not e.scope else 1)):
+            add(per_exp[e.id], a, s)
     jobs = set().union(*per_exp.values()) if per_exp else set()
     steps, evals = {}, {}
     for name, _ in jobs:

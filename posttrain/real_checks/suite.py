@@ -33,6 +33,7 @@ __all__ = [
     "PILOT_FILE",
     "PILOT_SEEDS",
     "arms_of",
+    "needed_runs",
     "pilot_record",
     "planned_seeds",
     "run_suite",
@@ -134,7 +135,7 @@ def _entry(exp: RealExperiment, n: int) -> dict[str, Any]:
             "seed_reason": seed_plan(exp)[1], "arms": list(exp.arms)}  # fmt: skip
 
 
-def _needed(exp: RealExperiment, seeds: range) -> list[tuple[str, int]]:
+def needed_runs(exp: RealExperiment, seeds: range) -> list[tuple[str, int]]:
     """The (arm, seed) runs an experiment reads: its arms for every seed, and for the first seed (the gate's) the
     arms its run mediators read that are not among them (a teacher's headroom reads the base)."""
     own = [(a, s) for s in seeds for a in exp.arms]
@@ -142,8 +143,8 @@ def _needed(exp: RealExperiment, seeds: range) -> list[tuple[str, int]]:
 
 
 def _missing_runs(exp: RealExperiment, runner: Runner, seeds: range) -> int:
-    """How many of the experiment's (arm, seed) runs (`_needed`) have no finished record under the runner's root."""
-    return sum(runner.cached(a, s) is None for a, s in _needed(exp, seeds))
+    """How many of the experiment's (arm, seed) runs (`needed_runs`) have no finished record under the runner's root."""
+    return sum(runner.cached(a, s) is None for a, s in needed_runs(exp, seeds))
 
 
 def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path, seeds: range,
@@ -173,7 +174,7 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
         return entry
     if not cached_only:  # a restored teacher or edit source has a record but no weights (`archive`)
-        drop_weightless(runner, _needed(exp, seeds))
+        drop_weightless(runner, needed_runs(exp, seeds))
     staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only, seeds[0])
     if staged is not None:
         arms = _gate_arms(exp)
@@ -184,7 +185,7 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
         return entry
     missing = _missing_runs(exp, runner, seeds) if cached_only else 0
     if missing:
-        total = len(_needed(exp, seeds))
+        total = len(needed_runs(exp, seeds))
         entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
                      runs_cached=total - missing, runs_planned=total,
                      reason=f"the probe mediators are in the toy's range; {total - missing} of the {total} planned runs "
