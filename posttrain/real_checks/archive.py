@@ -18,7 +18,12 @@ import gzip
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from posttrain.llm.train.rundir import atomic_write_text
+
+if TYPE_CHECKING:
+    from posttrain.real_checks.runs import Runner
 
 __all__ = ["RUNS_ARCHIVE", "drop_weightless", "pack", "restore"]
 
@@ -26,57 +31,52 @@ RUNS_ARCHIVE = Path(__file__).resolve().parents[2] / "docs" / "paper_checks" / "
 """Where the repository keeps the full profile's finished records (`pack`, `restore`)."""
 
 
-def _write_gz(path: Path, text: str) -> None:
+def _read(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
+def _write(path: Path, text: str) -> None:
+    """Write in one step (a temporary file, then a rename); gzipped with mtime 0 (the same bytes for the same text)
+    when ``path`` ends in ``.gz``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:  # mtime 0: same bytes
-        gz.write(text.encode())
+    if path.suffix != ".gz":
+        atomic_write_text(path, text)
+        return
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
     tmp.replace(path)
 
 
-def pack(root: str | Path, archive: str | Path, profile: str) -> list[str]:
-    """Copy the finished records and probes of ``profile`` under ``root`` into ``archive``; returns the keys added.
+def _copy_new(plan: Iterable[tuple[Path, Path, str]]) -> list[str]:
+    """Copy each ``(source, target, name)`` whose target is absent (a finished record never changes); the names copied."""
+    done = []
+    for source, target, name in plan:
+        if not target.is_file():
+            _write(target, _read(source))
+            done.append(name)
+    return done
 
-    A key already in the archive is left as it is (a run's record does not change once written).
-    """
+
+def pack(root: str | Path, archive: str | Path, profile: str) -> list[str]:
+    """Copy the finished records and probes of ``profile`` under ``root`` into ``archive``; returns the keys added."""
     src, dst = Path(root) / profile, Path(archive) / profile
-    added = []
-    for record in sorted(src.glob("*/record.json")):
-        key = record.parent.name
-        target = dst / f"{key}.json.gz"
-        if not target.is_file():
-            _write_gz(target, record.read_text())
-            added.append(key)
-    for probe in sorted(src.glob("probes/*/probe.json")):
-        target = dst / "probes" / f"{probe.parent.name}.json"
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(probe.read_text())
-            added.append(probe.parent.name)
-    return added
+    records = [(r, dst / f"{r.parent.name}.json.gz", r.parent.name) for r in sorted(src.glob("*/record.json"))]
+    probes = [
+        (p, dst / "probes" / f"{p.parent.name}.json", p.parent.name) for p in sorted(src.glob("probes/*/probe.json"))
+    ]
+    return _copy_new(records + probes)
 
 
 def restore(archive: str | Path, root: str | Path, profile: str) -> list[str]:
     """Put the archived records and probes of ``profile`` under ``root`` where none is; returns the keys restored."""
     src, dst = Path(archive) / profile, Path(root) / profile
-    restored = []
-    for packed in sorted(src.glob("*.json.gz")):
-        key = packed.name.removesuffix(".json.gz")
-        target = dst / key / "record.json"
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(gzip.decompress(packed.read_bytes()).decode())
-            restored.append(key)
-    for probe in sorted(src.glob("probes/*.json")):
-        target = dst / "probes" / probe.stem / "probe.json"
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(probe.read_text())
-            restored.append(probe.stem)
-    return restored
+    keys = [(g, g.name.removesuffix(".json.gz")) for g in sorted(src.glob("*.json.gz"))]
+    records = [(g, dst / key / "record.json", key) for g, key in keys]
+    probes = [(p, dst / "probes" / p.stem / "probe.json", p.stem) for p in sorted(src.glob("probes/*.json"))]
+    return _copy_new(records + probes)
 
 
-def drop_weightless(runner: Any, needed: Iterable[tuple[str, int]]) -> list[str]:
+def drop_weightless(runner: Runner, needed: Iterable[tuple[str, int]]) -> list[str]:
     """Set aside the records of ``keep_model`` arms that have no weights but whose weights a needed run reads.
 
     ``needed``: the (arm, seed) runs about to be asked for. A needed run that is not finished reads its

@@ -190,16 +190,14 @@ def main(
         console.print("[red]--pilot runs the full profile's pilot seeds alone (no --gate-only, --update-docs)[/]")
         return 2
     if archive:
-        from posttrain.real_checks.archive import RUNS_ARCHIVE, restore
+        from posttrain.real_checks.archive import RUNS_ARCHIVE, pack, restore
 
-        console.print(f"restored {len(restore(RUNS_ARCHIVE, root, prof.name))} records from {RUNS_ARCHIVE}")
+        console.print(f"restored {len(restore(RUNS_ARCHIVE, root, prof.name))} records and probes from {RUNS_ARCHIVE}")
     payload = run_suite(exps, prof, root, seeds=seeds, train_ungated=train_ungated or profile == "smoke",
                         gate_only=gate_only, pilot=pilot, cached_only=cached_only, log=lambda line: console.print(f"[dim]{line}[/]"))  # fmt: skip
     _print_summary(payload, console)
     if archive:
-        from posttrain.real_checks.archive import RUNS_ARCHIVE, pack
-
-        console.print(f"kept {len(pack(root, RUNS_ARCHIVE, prof.name))} new records in {RUNS_ARCHIVE}")
+        console.print(f"kept {len(pack(root, RUNS_ARCHIVE, prof.name))} new records and probes in {RUNS_ARCHIVE}")
     text = json.dumps(payload, indent=1, default=float) + "\n"
     if pilot:
         from posttrain.real_checks.suite import PILOT_FILE, pilot_record

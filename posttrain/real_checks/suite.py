@@ -139,7 +139,9 @@ def needed_runs(exp: RealExperiment, seeds: range) -> list[tuple[str, int]]:
     """The (arm, seed) runs an experiment reads: its arms for every seed, and for the first seed (the gate's) the
     arms its run mediators read that are not among them (a teacher's headroom reads the base)."""
     own = [(a, s) for s in seeds for a in exp.arms]
-    return own + [(a, seeds[0]) for a in _gate_arms(exp) if a not in exp.arms and len(seeds)]
+    if not seeds:
+        return own
+    return own + [(a, seeds[0]) for a in _gate_arms(exp) if a not in exp.arms]
 
 
 def _missing_runs(exp: RealExperiment, runner: Runner, seeds: range) -> int:
@@ -177,10 +179,9 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
         drop_weightless(runner, needed_runs(exp, seeds))
     staged = None if train_ungated else _run_gate(exp, runner, probes, cached_only, seeds[0])
     if staged is not None:
-        arms = _gate_arms(exp)
-        entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=staged, probes=probes,
-                     cost=_cost([{a: runner.record(a, seeds[0]) for a in arms}], arms),
-                     reason=f"run mediators on seed {seeds[0]} outside the toy's range (arms {', '.join(arms)} "
+        rows, read = staged
+        entry.update(verdict=RealVerdict.REGIME_NOT_REACHED.value, gate=rows, probes=probes, cost=_cost([read], list(read)),
+                     reason=f"run mediators on seed {seeds[0]} outside the toy's range (arms {', '.join(read)} "
                             f"run first); the other arms not trained")  # fmt: skip
         return entry
     missing = _missing_runs(exp, runner, seeds) if cached_only else 0
@@ -215,8 +216,9 @@ def _gate_arms(exp: RealExperiment) -> list[str]:
 
 def _run_gate(
     exp: RealExperiment, runner: Runner, probes: dict[str, Any], cached_only: bool, seed: int = 0
-) -> list[dict[str, Any]] | None:
-    """The gate rows when a run mediator misses the toy's range on ``seed`` (the first planned), else None.
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """The gate rows and the records they read when a run mediator misses the toy's range on ``seed`` (the first
+    planned), else None.
 
     Only the arms the run mediators read (`_gate_arms`) are run, for ``seed`` (from the cache in ``cached_only``
     mode, which gives None when one is missing). The final gate reads the same records and replaces any
@@ -226,8 +228,9 @@ def _run_gate(
     arms = _gate_arms(exp)
     if not arms or (cached_only and any(runner.cached(a, seed) is None for a in arms)):
         return None
-    rows = gate_rows(exp.card.mediators, probes, {a: runner.record(a, seed) for a in arms})
-    return rows if any(not g["inside"] for g in rows if g["source"] == "run") else None
+    read = {a: runner.record(a, seed) for a in arms}
+    rows = gate_rows(exp.card.mediators, probes, read)
+    return (rows, read) if any(not g["inside"] for g in rows if g["source"] == "run") else None
 
 
 def _metric(record: Any, name: str) -> float:
