@@ -102,11 +102,11 @@ def summarise(result: Result) -> dict[str, Any]:
 
 
 def fmt(x: Any, digits: int = 4) -> str:
-    """A number in ``digits`` significant digits; ``-`` for none, ``nan`` for a non-finite value."""
+    """A number in ``digits`` significant digits; ``-`` for none, ``inf`` / ``-inf`` / ``nan`` for the others."""
     if x is None:
         return "-"
     v = float(x)
-    return f"{v:.{digits}g}" if math.isfinite(v) else "nan"
+    return f"{v:.{digits}g}" if math.isfinite(v) else str(v)
 
 
 def _bound_text(m: float) -> str:

@@ -108,7 +108,7 @@ class Source(StrEnum):
 class Mediator:
     """A diagnostic that explains the toy's effect, the range the toy tested, and where the real one is measured.
 
-    ``key``: the probe's metric (`posttrain.real_checks.gate.probe_metrics`) or, for a run mediator, a
+    ``key``: the probe's metric (`posttrain.real_checks.probe.probe_metrics`) or, for a run mediator, a
     function of the arms' first-step logs (`posttrain.real_checks.gate.RUN_MEDIATORS`).
     """
 

@@ -120,14 +120,20 @@ def _print_budget(b: dict[str, Any], console: Console) -> None:
                   f"{b['median_rates']['sample']:.2f} CPU s, build {b['median_rates']['build']:.1f} CPU s)")  # fmt: skip
 
 
+_MARK = {True: "", False: " (out)", None: " (not measured)"}
+"""A gate row's mark in the summary table (``inside`` is None for a run mediator of untrained arms)."""
+
+
 def _print_summary(payload: dict[str, Any], console: Console) -> None:
+    from posttrain.paper_checks.report import fmt
+
     table = Table(title=f"real-model checks ({payload['mode']})")
     for col in ("id", "verdict", "seeds", "primary: seeds clearing [bound]", "gate"):
         table.add_column(col)
     for e in payload["experiments"]:
         p = next((c for c in e.get("comparisons", []) if c.get("role") == "primary"), None)
         prim = f"{p['count']}/{p['n']} [{p['lower']:.2f}, {p['upper']:.2f}]" if p else "-"
-        gate = ", ".join(f"{g['name']} {g['value']:.3g}{'' if g['inside'] else ' (out)'}" for g in e.get("gate", []))
+        gate = ", ".join(f"{g['name']} {fmt(g['value'])}{_MARK[g['inside']]}" for g in e.get("gate", []))
         table.add_row(e["id"], e["verdict"], str(e.get("seeds_run", "-")), prim, gate or e.get("reason", "")[:60])
     console.print(table)
     for e in payload["experiments"]:

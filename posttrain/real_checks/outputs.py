@@ -65,7 +65,7 @@ def lesson(entry: Mapping[str, Any], toy_verdict: str | None) -> str:
     if real == toy_verdict or toy_verdict is None:
         return ""
     if real == "regime not reached":
-        misses = [g for g in entry.get("gate", []) if not g["inside"]]
+        misses = [g for g in entry.get("gate", []) if g["inside"] is False]
         parts = [f"{g['name']} is {fmt(g['value'])} on SmolLM2, the toy tested {fmt(g['toy']['lo'])}-{fmt(g['toy']['hi'])}"
                  for g in misses]  # fmt: skip
         return "the toy's regime is not the real model's: " + "; ".join(parts)
@@ -122,6 +122,15 @@ def _parts_line(real: Mapping[str, Any]) -> list[str]:
         return []
     runs = "; ".join(f"{e['id']}: {_provenance(e, e['run'], short=True)}" for e in own)
     return [f"Merged from a suite run in parts; measured in their own runs: {runs}.", ""]
+
+
+_INSIDE = {True: "yes", False: "**no**", None: "not measured"}
+"""A gate row's ``inside`` on a page: a run mediator of untrained arms is *not measured* (`gate_rows`)."""
+
+
+def _gate_value(row: Mapping[str, Any]) -> str:
+    """A gate row's value on a page: ``-`` for a mediator not measured yet."""
+    return "-" if row["inside"] is None else fmt(row["value"])
 
 
 def runs_cpu_h(entry: Mapping[str, Any]) -> float:
@@ -215,8 +224,8 @@ def method_section(entry: Mapping[str, Any], figure: str | None = None) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for g in gate:
-            lines.append(f"| {g['name']} | {fmt(g['value'])} | [{fmt(g['toy']['lo'])}, {fmt(g['toy']['hi'])}] | "
-                         f"{'yes' if g['inside'] else '**no**'} | {g['toy']['origin']} |")  # fmt: skip
+            lines.append(f"| {g['name']} | {_gate_value(g)} | [{fmt(g['toy']['lo'])}, {fmt(g['toy']['hi'])}] | "
+                         f"{_INSIDE[g['inside']]} | {g['toy']['origin']} |")  # fmt: skip
     comps = [c for c in entry.get("comparisons", []) if c.get("role") != "context" or "betting" in c.get("name", "")]
     if comps:
         lines += [
@@ -271,7 +280,7 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     An entry that came from a part other than the first carries that part's ``run`` record (commit, code
     digest, date, cost), so a page names where its verdict was measured; entries *not run* or in *error*
-    never replace anything.
+    never replace a judged entry (a later one replaces an earlier unjudged one: its run counts are newer).
 
     Raises:
         DomainError: ``parts`` is empty, mixes profiles (a smoke result beside a full one) or holds a pilot.
@@ -287,6 +296,8 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for e in part.get("experiments", []):
             if e["verdict"] not in _UNJUDGED:
                 entries[e["id"]] = {**e, "run": {**part.get("run", {}), "mode": part.get("mode")}}
+            elif entries.get(e["id"], {}).get("verdict", e["verdict"]) in _UNJUDGED:
+                entries[e["id"]] = dict(e)
     mode = first.get("mode") if len(parts) == 1 else f"{profiles.pop()} (in parts)"
     return {**first, "mode": mode, "experiments": [entries[k] for k in sorted(entries)]}
 

@@ -26,7 +26,8 @@ from posttrain.real_checks.archive import drop_weightless
 from posttrain.real_checks.arm_table import ARMS
 from posttrain.real_checks.arms import PILOT_OFFSET, RUN_CODE, Profile, arm_config, code_digest, git_commit, run_key
 from posttrain.real_checks.experiment import RealExperiment, RealVerdict, judge
-from posttrain.real_checks.gate import gate_rows, probe_metrics
+from posttrain.real_checks.gate import gate_rows
+from posttrain.real_checks.probe import probe_metrics
 from posttrain.real_checks.runs import Runner
 
 __all__ = [
@@ -111,7 +112,7 @@ def _probe(profile: Profile, runner: Runner, task: str, root: Path) -> dict[str,
     probe_arm = Arm(f"probe_{task}", task=task)
     tree = arm_config(profile, probe_arm, 0)
     size = {"prompts": profile.probe_prompts, "samples": profile.probe_samples}
-    key = run_key(tree, probe_arm, depends={}, evaluation=size, code=(*RUN_CODE, "real_checks/gate.py"))
+    key = run_key(tree, probe_arm, depends={}, evaluation=size, code=(*RUN_CODE, "real_checks/probe.py"))
     folder = root / "probes" / f"{task}-{key}"
     cached = folder / "probe.json"
     if cached.is_file():

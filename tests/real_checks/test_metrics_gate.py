@@ -10,8 +10,9 @@ import torch
 
 from posttrain.estimators import pass_at_k
 from posttrain.real_checks.card import Mediator, Source, ToyRange, declared
-from posttrain.real_checks.gate import gate_rows, probe_intervals, reward_metrics, run_mediator
+from posttrain.real_checks.gate import gate_rows, run_mediator
 from posttrain.real_checks.metrics import metric
+from posttrain.real_checks.probe import probe_intervals, reward_metrics
 from tests.real_checks._records import record
 
 
@@ -73,6 +74,15 @@ def test_gate_rows_inside_outside_and_run_mediators():
     assert rows[2]["value"] == pytest.approx(3.0)
     assert math.isnan(run_mediator("no_such:x", runs))
     assert not ToyRange(math.nan, math.nan, "missing").contains(0.5)
+
+
+def test_a_run_mediator_without_runs_is_not_measured_rather_than_missed():
+    p0 = Mediator("p0", "add:p0", "", declared(0.1, 0.3, "test"))
+    gap = Mediator("gap", "accuracy_gap:a:b", "", declared(0.1, 1.0, "test"), Source.RUN)
+    rows = gate_rows([p0, gap], {"add": {"p0": 0.9}}, {})
+    assert rows[0]["inside"] is False and rows[1]["inside"] is None and math.isnan(rows[1]["value"])
+    measured = gate_rows([gap], {}, {"a": record(0.15), "b": record(0.1)})
+    assert measured[0]["inside"] is False and measured[0]["value"] == pytest.approx(0.05)
 
 
 def test_lagged_mean_reads_only_lagged_steps():

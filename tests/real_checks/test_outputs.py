@@ -72,6 +72,23 @@ def test_lesson_for_an_experiment_not_run_claims_nothing():
     assert "mechanism" not in lesson({"verdict": "not run"}, "reproduced")
 
 
+def test_a_mediator_not_measured_is_neither_a_miss_nor_a_value():
+    unmeasured = {"name": "headroom", "value": math.nan, "inside": None, "toy": {"lo": 0.1, "hi": 1.0, "origin": "o"}}
+    missed = {"name": "zv", "value": 0.7, "inside": False, "toy": {"lo": 0.0, "hi": 0.1, "origin": "o"}}
+    entry = {**_real("08", "regime not reached", []), "gate": [missed, unmeasured]}
+    text = lesson(entry, "reproduced")
+    assert "zv is 0.7" in text and "headroom" not in text
+    page = method_section(entry)
+    assert "| headroom | - | [0.1, 1] | not measured |" in page and "| zv | 0.7 | [0, 0.1] | **no** |" in page
+
+
+def test_an_infinite_standardised_effect_is_printed_as_infinite():
+    toy = {"checks": [{"id": "01", "verdict": "reproduced", "comparisons": [_row([1.0, 1.0, 1.0], margin=0.5)]}]}
+    real = {**REAL, "experiments": [_real("01", "reproduced", [0.1, 0.2, 0.15])]}
+    row = transfer_table(real, toy).splitlines()[-3]
+    assert "| yes | inf | 3 |" in row, row
+
+
 def test_readme_cell_maps_lettered_ids_and_escapes_pipes():
     assert real_model_cell(["01"], REAL).startswith("reproduced (3 seeds")
     assert real_model_cell(["01", "02"], REAL).startswith("01: reproduced")
@@ -135,6 +152,10 @@ def test_merge_results_takes_later_judged_entries_with_their_run():
     assert [e["id"] for e in merged["experiments"]] == ["01", "02", "03", "04"]
     assert by_id["02"]["verdict"] == "contradicted" and by_id["02"]["run"]["commit"] == "def4567"
     assert by_id["03"]["verdict"] == "regime not reached" and "run" not in by_id["03"]  # not run never replaces
+    counted = {**later, "experiments": [{**_real("05", "not run", []), "runs_cached": 2, "runs_planned": 18}]}
+    newer = {**later, "experiments": [{**_real("05", "not run", []), "runs_cached": 9, "runs_planned": 18}]}
+    fresh = next(e for e in merge_results([REAL, counted, newer])["experiments"] if e["id"] == "05")
+    assert fresh["runs_cached"] == 9  # an unjudged entry replaces an earlier unjudged one
     assert "run" not in by_id["01"] and merged["run"] == REAL["run"] and merged["mode"] == "full (in parts)"
     assert "commit def4567" in method_section(by_id["02"]) and "2 CPU h" in method_section(by_id["02"])
     assert "measured in their own runs: 02: commit def4567" in transfer_table(merged, TOY)
