@@ -296,7 +296,7 @@ def merge_results(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         for e in part.get("experiments", []):
             if e["verdict"] not in _UNJUDGED:
                 entries[e["id"]] = {**e, "run": {**part.get("run", {}), "mode": part.get("mode")}}
-            elif entries.get(e["id"], {}).get("verdict", e["verdict"]) in _UNJUDGED:
+            elif e["id"] not in entries or entries[e["id"]]["verdict"] in _UNJUDGED:
                 entries[e["id"]] = dict(e)
     mode = first.get("mode") if len(parts) == 1 else f"{profiles.pop()} (in parts)"
     return {**first, "mode": mode, "experiments": [entries[k] for k in sorted(entries)]}
