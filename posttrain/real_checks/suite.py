@@ -202,9 +202,13 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
 
 
 def _cost(per_seed: Sequence[dict[str, Any]], arms: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per arm, the CPU seconds of training and of held-out evaluation summed over the seeds' records."""
-    return {a: {"train_cpu_s": sum(r[a].get("train_cpu_s", 0.0) for r in per_seed),
-                "eval_cpu_s": sum(r[a].get("eval_cpu_s", 0.0) for r in per_seed)} for a in arms}  # fmt: skip
+    """Per arm, the CPU seconds of training and of held-out evaluation summed over the distinct runs the seeds read:
+    a fixed-seed arm (a teacher) is one run, counted once however many evaluation seeds read its record."""
+
+    def runs(arm: str) -> list[dict[str, Any]]:
+        return list({r[arm].get("key", i): r[arm] for i, r in enumerate(per_seed)}.values())
+
+    return {a: {f: sum(r.get(f, 0.0) for r in runs(a)) for f in ("train_cpu_s", "eval_cpu_s")} for a in arms}
 
 
 def _gate_arms(exp: RealExperiment) -> list[str]:

@@ -183,3 +183,13 @@ def test_every_run_mediator_is_measured_from_the_records_the_suite_reads(tmp_pat
         out = suite._judge_one(exp, PROFILES["full"], runner, tmp_path, range(1), True, False)  # type: ignore[arg-type]
         rows = [g for g in out["gate"] if g["source"] == "run"]
         assert rows and all(g["value"] == g["value"] for g in rows), (exp.id, rows)  # no NaN
+
+
+def test_the_cost_counts_a_run_read_by_several_seeds_once():
+    """A teacher trains once at its fixed seed; every evaluation seed reads that record, and the cost sums runs."""
+    from posttrain.real_checks.suite import _cost
+
+    teacher = {"key": "t", "train_cpu_s": 400.0, "eval_cpu_s": 200.0}
+    per_seed = [{"teacher": teacher, "arm": {"key": f"a{s}", "train_cpu_s": 10.0, "eval_cpu_s": 5.0}} for s in range(9)]
+    assert _cost(per_seed, ["teacher", "arm"]) == {"teacher": {"train_cpu_s": 400.0, "eval_cpu_s": 200.0},
+                                                   "arm": {"train_cpu_s": 90.0, "eval_cpu_s": 45.0}}  # fmt: skip
