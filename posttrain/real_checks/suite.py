@@ -173,7 +173,8 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
                      probes=probes, reason="probe mediators outside the toy's range; arms not trained")  # fmt: skip
         return entry
     if gate_only:
-        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
+        gate = gate_rows(exp.card.mediators, probes, _finished_gate_records(exp, runner, seeds[0]))
+        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate, probes=probes,
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
         return entry
     if not cached_only:  # a restored teacher or edit source has a record but no weights (`archive`)
@@ -188,8 +189,8 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
     missing = _missing_runs(exp, runner, seeds) if cached_only else 0
     if missing:
         total = len(needed_runs(exp, seeds))
-        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
-                     runs_cached=total - missing, runs_planned=total,
+        entry.update(verdict=RealVerdict.NOT_RUN.value, probes=probes, runs_cached=total - missing, runs_planned=total,
+                     gate=gate_rows(exp.card.mediators, probes, _finished_gate_records(exp, runner, seeds[0])),
                      reason=f"the probe mediators are in the toy's range; {total - missing} of the {total} planned runs "
                             f"(arm x seed) are finished, so no verdict yet")  # fmt: skip
         return entry
@@ -217,6 +218,14 @@ def _gate_arms(exp: RealExperiment) -> list[str]:
     names = [a for m in exp.card.mediators if m.source.value == "run" for a in m.key.split(":")[1:]
              if a in exp.arms or a in ARMS]  # fmt: skip
     return list(dict.fromkeys(names))
+
+
+def _finished_gate_records(exp: RealExperiment, runner: Runner, seed: int) -> dict[str, Any]:
+    """The records of the arms the run mediators read (`_gate_arms`) at ``seed`` when all of them are finished, else
+    none: an experiment not run yet shows a run mediator its finished arms measure (a teacher shared with another
+    experiment) and leaves the others *not measured* (`gate_rows`)."""
+    found = {a: runner.cached(a, seed) for a in _gate_arms(exp)}
+    return found if found and None not in found.values() else {}
 
 
 def _run_gate(

@@ -193,3 +193,23 @@ def test_the_cost_counts_a_run_read_by_several_seeds_once():
     per_seed = [{"teacher": teacher, "arm": {"key": f"a{s}", "train_cpu_s": 10.0, "eval_cpu_s": 5.0}} for s in range(9)]
     assert _cost(per_seed, ["teacher", "arm"]) == {"teacher": {"train_cpu_s": 400.0, "eval_cpu_s": 200.0},
                                                    "arm": {"train_cpu_s": 90.0, "eval_cpu_s": 45.0}}  # fmt: skip
+
+
+@pytest.mark.parametrize("finished, measured", [({"t", "b"}, True), ({"t"}, False), (set(), False)])
+def test_a_run_mediator_is_measured_before_the_verdict_once_its_arms_are_finished(tmp_path: Path, finished, measured):
+    """Cached-only, with some runs missing: the entry is *not run*, and its run mediator shows the value its finished
+    arms give (a teacher trained for another experiment), or *not measured* while one of them is missing."""
+    from posttrain.real_checks.suite import _judge_one
+
+    class Partial(_StubRunner):
+        def cached(self, arm: str, seed: int):
+            return self.record(arm, seed) if arm in finished and seed == 0 else None
+
+    out = _judge_one(_gap_experiment(), PROFILES["smoke"], Partial({"t": 0.3, "b": 0.1, "e": 0.5}), tmp_path, range(3),
+                     False, False, cached_only=True)  # type: ignore[arg-type]  # fmt: skip
+    assert out["verdict"] == RealVerdict.NOT_RUN.value
+    row = out["gate"][0]
+    if measured:
+        assert row["inside"] is True and row["value"] == pytest.approx(0.2)
+    else:
+        assert row["inside"] is None
