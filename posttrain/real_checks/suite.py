@@ -173,8 +173,7 @@ def _judge_one(exp: RealExperiment, profile: Profile, runner: Runner, root: Path
                      probes=probes, reason="probe mediators outside the toy's range; arms not trained")  # fmt: skip
         return entry
     if gate_only:
-        gate = gate_rows(exp.card.mediators, probes, _finished_gate_records(exp, runner, seeds[0]))
-        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate, probes=probes,
+        entry.update(verdict=RealVerdict.NOT_RUN.value, gate=gate_rows(exp.card.mediators, probes, {}), probes=probes,
                      reason="gate-only run: the probe mediators are in the toy's range; the arms are not trained yet")  # fmt: skip
         return entry
     if not cached_only:  # a restored teacher or edit source has a record but no weights (`archive`)
@@ -222,8 +221,9 @@ def _gate_arms(exp: RealExperiment) -> list[str]:
 
 def _finished_gate_records(exp: RealExperiment, runner: Runner, seed: int) -> dict[str, Any]:
     """The records of the arms the run mediators read (`_gate_arms`) at ``seed`` when all of them are finished, else
-    none: an experiment not run yet shows a run mediator its finished arms measure (a teacher shared with another
-    experiment) and leaves the others *not measured* (`gate_rows`)."""
+    none: an experiment judged from the cache before all its runs are finished shows a run mediator its finished
+    arms measure (a teacher shared with another experiment) and leaves the others *not measured* (`gate_rows`). A
+    finished mediator outside the toy's range never gets here: `_run_gate` reports it first."""
     found = {a: runner.cached(a, seed) for a in _gate_arms(exp)}
     return found if found and None not in found.values() else {}
 
