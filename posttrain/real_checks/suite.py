@@ -239,10 +239,12 @@ def _run_gate(
     verdict with *regime not reached* when one row misses, so judging here first changes no verdict; it spares
     the arms that could not change it.
     """
-    arms = _gate_arms(exp)
-    if not arms or (cached_only and any(runner.cached(a, seed) is None for a in arms)):
+    if cached_only:
+        read = _finished_gate_records(exp, runner, seed)
+    else:
+        read = {a: runner.record(a, seed) for a in _gate_arms(exp)}
+    if not read:
         return None
-    read = {a: runner.record(a, seed) for a in arms}
     rows = gate_rows(exp.card.mediators, probes, read)
     return (rows, read) if any(not g["inside"] for g in rows if g["source"] == "run") else None
 

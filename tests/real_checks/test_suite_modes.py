@@ -199,17 +199,25 @@ def test_the_cost_counts_a_run_read_by_several_seeds_once():
 def test_a_run_mediator_is_measured_before_the_verdict_once_its_arms_are_finished(tmp_path: Path, finished, measured):
     """Cached-only, with some runs missing: the entry is *not run*, and its run mediator shows the value its finished
     arms give (a teacher trained for another experiment), or *not measured* while one of them is missing."""
+    from posttrain.real_checks.metrics import metric
     from posttrain.real_checks.suite import _judge_one
+
+    kept: dict[str, dict] = {}
 
     class Partial(_StubRunner):
         def cached(self, arm: str, seed: int):
-            return self.record(arm, seed) if arm in finished and seed == 0 else None
+            if arm not in finished or seed != 0:
+                return None
+            if arm not in kept:  # one finished run: the same record at every read
+                kept[arm] = self.record(arm, seed)
+            return kept[arm]
 
     out = _judge_one(_gap_experiment(), PROFILES["smoke"], Partial({"t": 0.3, "b": 0.1, "e": 0.5}), tmp_path, range(3),
                      False, False, cached_only=True)  # type: ignore[arg-type]  # fmt: skip
     assert out["verdict"] == RealVerdict.NOT_RUN.value
     row = out["gate"][0]
     if measured:
-        assert row["inside"] is True and row["value"] == pytest.approx(0.2)
+        gap = metric(kept["t"], "accuracy") - metric(kept["b"], "accuracy")
+        assert row["inside"] is True and row["value"] == pytest.approx(gap) and 0.1 < gap < 0.3
     else:
         assert row["inside"] is None
