@@ -255,6 +255,29 @@ def _metric(record: Any, name: str) -> float:
     return metric(record, name)
 
 
+def _naming_log(log: Callable[[str], None], names: dict[str, list[str]]) -> Callable[[str], None]:
+    """``log`` with the arms a line's run belongs to: the runner names a run by its trainer method and content key
+    (the OPD arm trains ``opd_then_rl``, a teacher ``grpo``), so a line ending in a key of ``names`` gets
+    ``(arm A)`` appended, every arm that shares the key listed."""
+
+    def emit(line: str) -> None:
+        arms = names.get(line.rsplit(": ", 1)[-1])
+        log(f"{line} (arm {', '.join(arms)})" if arms else line)
+
+    return emit
+
+
+def _arm_names(runner: Runner, seeds: range) -> dict[str, list[str]]:
+    """Every registered arm's run key at ``seeds``, inverted: key -> the arms that share it (`_naming_log`)."""
+    names: dict[str, list[str]] = {}
+    for arm in ARMS:
+        for seed in seeds:
+            found = names.setdefault(runner.key(arm, seed), [])
+            if arm not in found:
+                found.append(arm)
+    return names
+
+
 def _prepare_model(profile: Profile) -> None:
     """Convert the profile's registered model (from its PyPI wheel) before any arm asks for it; `prepare_model`
     returns at once when it is converted already. A path, a hub id or the tiny model is left to the trainer, and
@@ -293,11 +316,13 @@ def run_suite(
     start, cpu = time.perf_counter(), time.process_time()
     _prepare_model(profile)
     folder = Path(root) / profile.name
-    runner = Runner(profile, ARMS, folder, samples=sample_plan(profile), log=log)
+    names: dict[str, list[str]] = {}
+    runner = Runner(profile, ARMS, folder, samples=sample_plan(profile), log=_naming_log(log, names))
     entries = []
     for exp in exps:
         n = PILOT_SEEDS if pilot else planned_seeds(exp, profile, seeds)
         span = range(PILOT_OFFSET, PILOT_OFFSET + n) if pilot else range(n)
+        names.update(_arm_names(runner, span))
         try:
             entries.append(_judge_one(exp, profile, runner, folder, span, train_ungated, gate_only, cached_only))
         except Exception as exc:

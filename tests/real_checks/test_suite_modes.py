@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.real_checks import experiments, select_experiments
+from posttrain.real_checks.arm_table import ARMS
 from posttrain.real_checks.arms import PILOT_OFFSET, PROFILES
 from posttrain.real_checks.experiment import RealVerdict
 from posttrain.real_checks.plan import pilot_share, seeds_for_share
@@ -162,7 +163,6 @@ def test_every_run_mediator_is_measured_from_the_records_the_suite_reads(tmp_pat
     """A run mediator naming an arm the experiment does not compare (the base beside 01's and 13's teacher) is
     still read: the gate gets a number, not a NaN that would call every run *regime not reached*."""
     from posttrain.real_checks import suite
-    from posttrain.real_checks.arm_table import ARMS
     from tests.real_checks._records import record
 
     class Every(_StubRunner):
@@ -221,3 +221,21 @@ def test_a_run_mediator_is_measured_before_the_verdict_once_its_arms_are_finishe
         assert row["inside"] is True and row["value"] == pytest.approx(gap) and 0.1 < gap < 0.3
     else:
         assert row["inside"] is None
+
+
+def test_a_run_log_line_names_the_arm_not_only_the_trainer_method(tmp_path: Path):
+    """The OPD arm trains the method ``opd_then_rl`` and a teacher ``grpo``: the suite's log names the arm by key."""
+    from posttrain.real_checks.runs import Runner
+    from posttrain.real_checks.suite import _arm_names, _naming_log, sample_plan
+
+    full = PROFILES["full"]
+    runner = Runner(full, ARMS, tmp_path, samples=sample_plan(full), log=lambda line: None)
+    names = _arm_names(runner, range(2))
+    lines: list[str] = []
+    log = _naming_log(lines.append, names)
+    for arm, seed in (("opd", 1), ("opd_then_rl", 1), ("teacher_add", 0), ("grpo", 0)):
+        log(f"train method on a task, seed {seed}: {runner.key(arm, seed)}")
+        assert lines[-1].endswith(f"(arm {arm})"), lines[-1]
+    assert runner.key("teacher_add", 0) == runner.key("teacher_add", 1)  # one fixed-seed run, one name
+    log("probe add: p0 0.164, zero-variance groups 0.50")
+    assert lines[-1] == "probe add: p0 0.164, zero-variance groups 0.50"
