@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from posttrain.llm.train.rundir import atomic_write_text
 if TYPE_CHECKING:
     from posttrain.real_checks.runs import Runner
 
-__all__ = ["RUNS_ARCHIVE", "drop_weightless", "pack", "restore"]
+__all__ = ["RUNS_ARCHIVE", "cost", "drop_weightless", "pack", "restore"]
 
 RUNS_ARCHIVE = Path(__file__).resolve().parents[2] / "docs" / "paper_checks" / "real_runs"
 """Where the repository keeps the full profile's finished records (`pack`, `restore`)."""
@@ -76,6 +77,19 @@ def restore(archive: str | Path, root: str | Path, profile: str) -> list[str]:
     return _copy_new(records + probes)
 
 
+def cost(archive: str | Path, profile: str) -> dict[str, float]:
+    """What the archived runs of ``profile`` cost by their own records, each run once (a run shared by several
+    experiments is one record): ``runs``, ``cpu_h`` = sum of ``train_cpu_s + eval_cpu_s`` / 3600, ``wall_h`` = sum of
+    ``train_s + eval.eval_s`` / 3600, and the per-run CPU minutes' median and 10% / 90% quantiles (NaN under 2 runs).
+    """
+    records = [json.loads(_read(g)) for g in sorted((Path(archive) / profile).glob("*.json.gz"))]
+    cpu_min = [(r.get("train_cpu_s", 0.0) + r.get("eval_cpu_s", 0.0)) / 60 for r in records]
+    wall_s = sum(r.get("train_s", 0.0) + r.get("eval", {}).get("eval_s", 0.0) for r in records)
+    deciles = statistics.quantiles(cpu_min, n=10) if len(cpu_min) > 1 else [float("nan")] * 9
+    return {"runs": len(records), "cpu_h": sum(cpu_min) / 60, "wall_h": wall_s / 3600,
+            "cpu_min_median": deciles[4], "cpu_min_p10": deciles[0], "cpu_min_p90": deciles[8]}  # fmt: skip
+
+
 def drop_weightless(runner: Runner, needed: Iterable[tuple[str, int]]) -> list[str]:
     """Set aside the records of ``keep_model`` arms that have no weights but whose weights a needed run reads.
 
@@ -99,11 +113,17 @@ def drop_weightless(runner: Runner, needed: Iterable[tuple[str, int]]) -> list[s
 
 
 def main(argv: list[str]) -> int:
-    """``python -m posttrain.real_checks.archive pack|restore ROOT [PROFILE]``: `pack` into or `restore` from the repository's archive."""
-    if len(argv) not in (2, 3) or argv[0] not in ("pack", "restore"):
-        print("usage: python -m posttrain.real_checks.archive pack|restore ROOT [PROFILE (default full)]")
+    """``python -m posttrain.real_checks.archive pack|restore ROOT [PROFILE]`` or ``... cost [PROFILE]``: `pack` into
+    or `restore` from the repository's archive, or the archived runs' `cost`."""
+    commands = {"pack": 2, "restore": 2, "cost": 1}
+    if not argv or argv[0] not in commands or len(argv) not in (commands[argv[0]], commands[argv[0]] + 1):
+        print("usage: python -m posttrain.real_checks.archive pack|restore ROOT [PROFILE] | cost [PROFILE]"
+              " (PROFILE default full)")  # fmt: skip
         return 2
-    profile = argv[2] if len(argv) == 3 else "full"
+    profile = argv[commands[argv[0]]] if len(argv) > commands[argv[0]] else "full"
+    if argv[0] == "cost":
+        print(json.dumps(cost(RUNS_ARCHIVE, profile), indent=1))
+        return 0
     done = pack(argv[1], RUNS_ARCHIVE, profile) if argv[0] == "pack" else restore(RUNS_ARCHIVE, argv[1], profile)
     print(json.dumps({argv[0]: done}, indent=1))
     return 0

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from posttrain.real_checks.archive import drop_weightless, pack, restore
+from posttrain.real_checks.archive import cost, drop_weightless, pack, restore
 from posttrain.real_checks.arm_table import ARMS
 from posttrain.real_checks.arms import PROFILES
 from posttrain.real_checks.runs import Runner
@@ -58,3 +59,20 @@ def test_a_source_restored_without_weights_runs_again_before_an_arm_that_reads_t
     (folder / "final").mkdir()
     assert drop_weightless(runner, [(edit, 0)]) == []  # weights present: the record stands
     assert runner.cached("grpo", 0) is not None
+
+
+def test_the_archive_cost_counts_each_run_once_from_its_records(tmp_path: Path):
+    runner = _runner(tmp_path)
+    timings = {"grpo": (600.0, 300.0, 400.0, 100.0), "es": (1200.0, 600.0, 500.0, 200.0)}
+    for arm, (train_cpu, eval_cpu, train_s, eval_s) in timings.items():
+        _finish(runner, arm, 0, train_cpu_s=train_cpu, eval_cpu_s=eval_cpu, train_s=train_s, eval={"eval_s": eval_s})
+    archive = tmp_path / "archive"
+    pack(tmp_path, archive, "smoke")
+    pack(tmp_path, archive, "smoke")  # packed twice, kept once
+    got = cost(archive, "smoke")
+    assert got["runs"] == 2
+    assert math.isclose(got["cpu_h"], (900.0 + 1800.0) / 3600) and math.isclose(got["wall_h"], (500.0 + 700.0) / 3600)
+    assert math.isclose(got["cpu_min_median"], (15.0 + 30.0) / 2)
+    assert got["cpu_min_p10"] < got["cpu_min_median"] < got["cpu_min_p90"]
+    empty = cost(archive, "full")
+    assert empty["runs"] == 0 and empty["cpu_h"] == 0.0 and math.isnan(empty["cpu_min_median"])
